@@ -1,0 +1,176 @@
+"""``install()`` / ``uninstall()`` / ``snapshot()``: the state of monstack in this process.
+
+One lock serialises install and uninstall; the hot paths (callbacks, ``snapshot``) read
+module globals without it.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import warnings
+from typing import Any, Optional, Sequence
+
+from . import _backend
+from ._policy import Policy, make_policy
+from ._snapshot import Snapshot
+
+
+class MonstackWarning(RuntimeWarning):
+    """monstack hit an internal error and turned itself off; the program goes on."""
+
+
+class _State:
+    __slots__ = ("backend", "policy", "reason", "options")
+
+    def __init__(self, backend: Any, policy: Policy, reason: str, options: dict) -> None:
+        self.backend = backend
+        self.policy = policy
+        self.reason = reason
+        self.options = options
+
+
+_lock = threading.RLock()
+_state: Optional[_State] = None
+_default_walk: Any = None
+_failure_reported = False
+#: Hooks run after a backend starts / before it stops (propagation, logging, ...).
+_start_hooks: list = []
+_stop_hooks: list = []
+
+
+def install(
+    *,
+    backend: Optional[str] = None,
+    track: str = "user",
+    include: Sequence[str] = (),
+    exclude: Sequence[str] = (),
+) -> str:
+    """Start keeping per-thread shadow stacks. Returns the name of the backend in use.
+
+    ``backend``: ``"auto"`` (default, or ``MONSTACK_BACKEND``), ``"monitoring"``,
+    ``"evalframe"`` or ``"walk"``. ``track``: ``"user"`` (default: not the standard
+    library, site-packages or monstack) or ``"all"``. ``include``/``exclude``: module
+    names or path prefixes; the longest matching rule wins.
+
+    Idempotent: calling it again with the same options does nothing; with other options
+    it reinstalls. Thread-safe.
+    """
+    global _state
+    options = {"backend": backend, "track": track, "include": tuple(include) if not isinstance(include, str) else (include,), "exclude": tuple(exclude) if not isinstance(exclude, str) else (exclude,)}
+    _backend.check_choice(backend)  # ValueError before touching anything
+    policy = make_policy(track, options["include"], options["exclude"])
+    with _lock:
+        if _state is not None:
+            if _state.options == options:
+                return _state.backend.name
+            _uninstall_locked()
+        cls, reason = _backend.choose(backend)
+        instance = cls(policy, _on_internal_error)
+        instance.start()
+        _state = _State(instance, policy, reason, options)
+        try:
+            for hook in list(_start_hooks):
+                hook(_state)
+        except BaseException:
+            _uninstall_locked()
+            raise
+        return instance.name
+
+
+def uninstall() -> None:
+    """Stop tracking and undo everything ``install()`` changed. Idempotent, thread-safe."""
+    with _lock:
+        _uninstall_locked()
+
+
+def _uninstall_locked() -> None:
+    global _state
+    state = _state
+    if state is None:
+        return
+    _state = None
+    try:
+        for hook in list(reversed(_stop_hooks)):
+            try:
+                hook(state)
+            except Exception as exc:  # keep undoing the rest
+                _warn(f"monstack: an uninstall step failed: {exc!r}")
+    finally:
+        state.backend.stop()
+
+
+def active_backend() -> Optional[str]:
+    """``"monitoring"``, ``"evalframe"``, ``"walk"``, or None when not installed."""
+    state = _state
+    return state.backend.name if state is not None else None
+
+
+def current_policy() -> Policy:
+    state = _state
+    if state is not None:
+        return state.policy
+    return _walker().policy
+
+
+def status() -> dict[str, Any]:
+    """What ``python -m monstack info`` prints: backend, reason, policy, backend details."""
+    state = _state
+    if state is None:
+        return {"backend": None}
+    out: dict[str, Any] = {
+        "backend": state.backend.name,
+        "reason": state.reason,
+        "policy": state.policy.describe(),
+    }
+    out.update(state.backend.describe())
+    return out
+
+
+def _walker() -> Any:
+    global _default_walk
+    walker = _default_walk
+    if walker is None:
+        from ._walk import WalkBackend
+
+        walker = _default_walk = WalkBackend(Policy("user"))
+    return walker
+
+
+def snapshot() -> Snapshot:
+    """Where the calling thread is now: O(1) with a tracking backend, never raises.
+
+    Without ``install()`` it walks the real frames (the ``walk`` backend, default policy).
+    """
+    frame = sys._getframe(1)
+    state = _state
+    backend = state.backend if state is not None else _walker()
+    try:
+        node, lasti = backend.capture(frame)
+    except Exception as exc:
+        if state is not None:
+            _on_internal_error(exc)
+        node, lasti = _walker().capture(frame)
+    return Snapshot._new(node, lasti)
+
+
+def _warn(message: str) -> None:
+    try:
+        warnings.warn(MonstackWarning(message), stacklevel=2)
+    except Exception:  # warnings turned into errors: still say it, never raise
+        try:
+            sys.stderr.write(f"MonstackWarning: {message}\n")
+        except Exception:
+            pass
+
+
+def _on_internal_error(exc: BaseException) -> None:
+    """A callback failed: say so once, then turn tracking off cleanly."""
+    global _failure_reported
+    if not _failure_reported:
+        _failure_reported = True
+        _warn(f"monstack: internal error in tracking ({type(exc).__name__}: {exc}); tracking turned off")
+    try:
+        uninstall()
+    except Exception:
+        pass

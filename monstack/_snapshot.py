@@ -1,0 +1,170 @@
+"""Snapshots: an O(1) handle on "where this thread is", read lazily.
+
+A live snapshot is the top node of the thread's shadow stack plus the snapshotting
+frame's offset. File names, line numbers and source lines are computed only when the
+snapshot is read, through per-code caches that keep their code objects alive and are
+bounded. A pickled snapshot travels as plain ``(filename, lineno, name, ...)`` records.
+"""
+
+from __future__ import annotations
+
+import traceback
+from types import CodeType
+from typing import Any, Iterator, Optional, Tuple
+
+from . import _stack
+
+#: Per-code cache of ``co_positions()``: id(code) -> (code, positions). Holding the
+#: code keeps its id from being reused while cached; the cap keeps memory bounded.
+_POSITIONS: dict[int, tuple[CodeType, list]] = {}
+POSITIONS_CACHE_SIZE = 2048
+
+#: One frame as plain data: filename, lineno, name, end_lineno, colno, end_colno.
+FrameRecord = Tuple[str, Optional[int], str, Optional[int], Optional[int], Optional[int]]
+
+
+def _positions(code: CodeType) -> list:
+    entry = _POSITIONS.get(id(code))
+    if entry is not None and entry[0] is code:
+        return entry[1]
+    positions = list(code.co_positions())
+    if len(_POSITIONS) >= POSITIONS_CACHE_SIZE:
+        try:  # drop the oldest entry (dicts keep insertion order)
+            del _POSITIONS[next(iter(_POSITIONS))]
+        except (StopIteration, KeyError, RuntimeError):
+            pass
+    _POSITIONS[id(code)] = (code, positions)
+    return positions
+
+
+def frame_record(code: CodeType, lasti: int) -> FrameRecord:
+    """The plain record of ``code`` at byte offset ``lasti``."""
+    lineno = end_lineno = colno = end_colno = None
+    if lasti >= 0:
+        positions = _positions(code)
+        i = lasti // 2
+        if i < len(positions):
+            lineno, end_lineno, colno, end_colno = positions[i]
+            j = i
+            while lineno is None and j > 0:  # artificial instructions carry no line
+                j -= 1
+                lineno, end_lineno, colno, end_colno = positions[j]
+    if lineno is None:
+        lineno, end_lineno, colno, end_colno = code.co_firstlineno, None, None, None
+    return (code.co_filename, lineno, code.co_name, end_lineno, colno, end_colno)
+
+
+def _records(node: Optional[_stack.Node], lasti: int) -> list[FrameRecord]:
+    """Innermost first."""
+    out = []
+    while node is not None:
+        out.append(frame_record(node[0], lasti))
+        lasti = node[2]
+        node = node[1]
+    return out
+
+
+class Snapshot:
+    """Where a thread was: its tracked frames, innermost at the end of ``frames``.
+
+    Cheap to take and hold (it shares the thread's stack nodes and keeps no frames or
+    locals alive); everything readable is computed on first use.
+    """
+
+    __slots__ = ("_node", "_lasti", "_origin", "_records")
+
+    _node: Optional[_stack.Node]
+    _lasti: int
+    _origin: Optional["Snapshot"]
+    _records: Optional[tuple]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        raise TypeError("Snapshot objects come from monstack.snapshot()")
+
+    @classmethod
+    def _new(cls, node: Optional[_stack.Node], lasti: int, origin: Optional["Snapshot"] = None) -> "Snapshot":
+        self = object.__new__(cls)
+        object.__setattr__(self, "_node", node)
+        object.__setattr__(self, "_lasti", lasti)
+        object.__setattr__(self, "_origin", origin)
+        object.__setattr__(self, "_records", None)
+        return self
+
+    @classmethod
+    def _from_records(cls, records: tuple, origin: Optional["Snapshot"] = None) -> "Snapshot":
+        self = cls._new(None, -1, origin)
+        object.__setattr__(self, "_records", tuple(tuple(r) for r in records))
+        return self
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError("Snapshot is immutable")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError("Snapshot is immutable")
+
+    # -- reading ---------------------------------------------------------------------------
+    @property
+    def origin(self) -> Optional["Snapshot"]:
+        """The snapshot of where the work running this snapshot's code was created."""
+        return self._origin
+
+    def records(self) -> tuple[FrameRecord, ...]:
+        """Plain ``(filename, lineno, name, end_lineno, colno, end_colno)``, outermost first."""
+        recs = self._records
+        if recs is None:  # not cached: the shared nodes are the compact form
+            recs = tuple(reversed(_records(self._node, self._lasti)))
+        return recs
+
+    @property
+    def frames(self) -> traceback.StackSummary:
+        """The frames as a ``traceback.StackSummary``, outermost first (like ``extract_stack()``)."""
+        return traceback.StackSummary.from_list(
+            [
+                traceback.FrameSummary(
+                    fn, ln, name, lookup_line=False, end_lineno=eln, colno=col, end_colno=ecol
+                )
+                for fn, ln, name, eln, col, ecol in self.records()
+            ]
+        )
+
+    def __len__(self) -> int:
+        if self._records is not None:
+            return len(self._records)
+        return _stack.depth(self._node)
+
+    def __iter__(self) -> Iterator[traceback.FrameSummary]:
+        return iter(self.frames)
+
+    def __bool__(self) -> bool:
+        return True
+
+    def format(self, color: Optional[bool] = None, *, limit: Optional[int] = None) -> str:
+        """The frames in CPython's traceback layout. ``color=None``: as suits ``sys.stdout``."""
+        from . import _format
+
+        return _format.format_snapshot(self, color=color, limit=limit)
+
+    def __str__(self) -> str:
+        return self.format(color=False)
+
+    def __repr__(self) -> str:
+        recs = self.records()
+        if not recs:
+            return "<monstack.Snapshot: no tracked frames>"
+        fn, ln, name = recs[-1][:3]
+        return f"<monstack.Snapshot: {len(recs)} frames, innermost {fn}:{ln} in {name}>"
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Snapshot):
+            return NotImplemented
+        return self.records() == other.records() and self._origin == other._origin
+
+    def __hash__(self) -> int:
+        return hash(self.records())
+
+    def __reduce__(self) -> tuple:
+        return (_restore, (self.records(), self._origin))
+
+
+def _restore(records: tuple, origin: Optional[Snapshot]) -> Snapshot:
+    return Snapshot._from_records(records, origin)

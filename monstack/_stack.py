@@ -1,0 +1,181 @@
+"""Shadow-stack nodes and per-thread state: the one core every backend feeds.
+
+A *node* is a tuple ``(code, parent, parent_lasti)``:
+
+- ``code``: the code object of a tracked frame (never the frame: nothing here keeps
+  frames or locals alive);
+- ``parent``: the node of the nearest tracked caller, or None at the bottom;
+- ``parent_lasti``: the byte offset (``f_lasti`` convention) of the instruction in the
+  *parent's* code that was running when this frame was entered, i.e. the call site;
+  ``UNKNOWN`` (-1) until somebody needs it.
+
+Nodes are immutable and shared: a snapshot is a reference to the top node plus the
+snapshotting frame's own offset, O(1) whatever the depth.
+
+Backends push nodes with ``parent_lasti = UNKNOWN`` when learning the call site would
+cost a frame lookup per call (pure-Python ``sys.monitoring`` callbacks). ``capture``
+fills those in lazily from the real frames -- a node's call site never changes while
+the node is on the stack -- replacing the unfilled top segment with filled copies.
+Every node is therefore filled at most once, and a snapshot costs O(frames pushed since
+the last snapshot on this path), which is O(1) in a loop. Filling also checks the shadow
+stack against the real one and rebuilds it from the real frames on any disagreement.
+
+Per-thread state: ``TLS.cell`` is a one-element list ``[top]`` for each thread that has
+been seeded; a missing attribute means "not seeded yet" (the thread was running before
+install, or started since). Native backends share exactly this structure.
+"""
+
+from __future__ import annotations
+
+import _thread
+from types import CodeType, FrameType
+from typing import TYPE_CHECKING, Optional, Tuple
+
+if TYPE_CHECKING:
+    from ._policy import Policy
+
+#: ``parent_lasti`` of a node whose call site has not been looked up yet.
+UNKNOWN = -1
+
+Node = Tuple[CodeType, Optional["Node"], int]  # type: ignore[misc]
+
+#: Per-thread state shared by all tracking backends (see module docstring).
+TLS = _thread._local()
+
+
+def reset_tls() -> None:
+    """Forget every thread's stack at once (install/uninstall): a new ``_thread._local``.
+
+    Threads keep running while monstack is off, so old stacks are stale; each thread
+    reseeds from its real frames at its next event.
+    """
+    global TLS
+    TLS = _thread._local()
+
+
+def get_cell() -> list:
+    """This thread's ``[top]`` cell, creating an empty (unseeded -> seeded empty) one."""
+    try:
+        return TLS.cell
+    except AttributeError:
+        cell = TLS.cell = [None]
+        return cell
+
+
+def clear_cell() -> None:
+    """Forget this thread's stack (it is reseeded from the real frames on next use)."""
+    try:
+        del TLS.cell
+    except AttributeError:
+        pass
+
+
+def _tracked(frame: FrameType, policy: "Policy", by_file: dict) -> bool:
+    code = frame.f_code
+    decision = by_file.get(code.co_filename)
+    if decision is None:
+        decision = policy.is_tracked(code, frame.f_globals.get("__name__"))
+    return decision
+
+
+def first_tracked(frame: Optional[FrameType], policy: "Policy") -> Optional[FrameType]:
+    """``frame`` or its nearest caller that runs tracked code, or None."""
+    by_file = policy.tracked_files()
+    while frame is not None and not _tracked(frame, policy, by_file):
+        frame = frame.f_back
+    return frame
+
+
+def build(frame: Optional[FrameType], policy: "Policy") -> Tuple[Optional[Node], int]:
+    """Nodes for the tracked frames from ``frame`` outwards, built from the real frames.
+
+    Returns ``(top, lasti)``: the node of the first tracked frame (or None) and that
+    frame's current offset. O(depth): used by the ``walk`` backend and to (re)seed.
+    """
+    by_file = policy.tracked_files()
+    codes: list = []
+    lastis: list = []
+    f = frame
+    while f is not None:
+        if _tracked(f, policy, by_file):
+            codes.append(f.f_code)
+            lastis.append(f.f_lasti)
+        f = f.f_back
+    node: Optional[Node] = None
+    n = len(codes)
+    for i in range(n - 1, -1, -1):
+        node = (codes[i], node, lastis[i + 1] if i + 1 < n else 0)
+    return node, (lastis[0] if n else UNKNOWN)
+
+
+def _fill(top: Node, frame: FrameType, policy: "Policy") -> Optional[Node]:
+    """Fill the call sites of the unfilled top segment, checking it against the frames.
+
+    ``frame`` is the real frame of ``top``. Returns the filled replacement of ``top``,
+    or None when the shadow stack disagrees with the real one.
+    """
+    by_file = policy.tracked_files()
+    pending: list = []
+    node: Optional[Node] = top
+    f: Optional[FrameType] = frame
+    anchor: Optional[Node] = None
+    while node is not None and node[2] == UNKNOWN:
+        parent = node[1]
+        f = f.f_back if f is not None else None
+        while f is not None and not _tracked(f, policy, by_file):
+            f = f.f_back
+        if parent is None:
+            if f is not None:
+                return None  # a tracked caller is missing from the shadow stack
+            pending.append((node[0], 0))
+            break
+        if f is None or f.f_code is not parent[0]:
+            return None
+        pending.append((node[0], f.f_lasti))
+        node = parent
+    else:
+        anchor = node
+    filled = anchor
+    for code, lasti in reversed(pending):
+        filled = (code, filled, lasti)
+    return filled
+
+
+def capture(frame: Optional[FrameType], policy: "Policy") -> Tuple[Optional[Node], int]:
+    """``(top, lasti)`` for a snapshot taken by ``frame``, from this thread's shadow stack.
+
+    ``frame`` may be untracked (monstack's own frames, a library): the snapshot starts at
+    its nearest tracked caller. Checks the top against the real frame and fills unknown
+    call sites; resynchronises from the real frames when they disagree.
+    """
+    f = first_tracked(frame, policy)
+    tls = TLS
+    try:
+        cell = tls.cell
+    except AttributeError:
+        cell = tls.cell = [None]
+        top = build(f, policy)[0]
+        cell[0] = top
+        return top, (f.f_lasti if f is not None else UNKNOWN)
+    top = cell[0]
+    if f is None:
+        if top is not None:
+            cell[0] = None
+        return None, UNKNOWN
+    if top is None or top[0] is not f.f_code:
+        top = build(f, policy)[0]
+    elif top[2] == UNKNOWN:
+        filled = _fill(top, f, policy)
+        top = filled if filled is not None else build(f, policy)[0]
+    else:
+        return top, f.f_lasti
+    cell[0] = top
+    return top, f.f_lasti
+
+
+def depth(node: Optional[Node]) -> int:
+    n = 0
+    while node is not None:
+        n += 1
+        node = node[1]
+    return n

@@ -1,0 +1,204 @@
+"""The ``monitoring`` backend: PEP 669 ``sys.monitoring`` callbacks keep the stacks.
+
+Push on PY_START / PY_RESUME / PY_THROW, pop on PY_RETURN / PY_YIELD / PY_UNWIND.
+Callbacks run on the thread that runs the code, so each reads its own ``TLS.cell``.
+Pushes do not look up the caller's frame (that would cost ~2x the whole callback):
+they record an unknown call site that ``_stack.capture`` fills lazily. Pops check the
+code object against the top and resynchronise from the real frames on disagreement.
+
+Filtered code: its first PY_START/PY_RESUME/PY_RETURN/PY_YIELD returns
+``sys.monitoring.DISABLE``, so its later events are never delivered. PY_THROW and
+PY_UNWIND cannot be disabled; those callbacks ignore filtered code.
+"""
+
+from __future__ import annotations
+
+import sys
+from types import CodeType
+from typing import Callable, Optional
+
+from . import _env, _stack
+from ._policy import Policy
+
+#: Tool ids tried in order. 0-2 are the conventional ids of debuggers, coverage
+#: tools and profilers: monstack takes them only when 3-5 are all held.
+TOOL_ORDER = (3, 4, 5, 2, 1, 0)
+TOOL_NAME = "monstack"
+
+
+class ToolIdsBusy(RuntimeError):
+    """Every sys.monitoring tool id is held by another tool."""
+
+
+def tool_holders() -> dict[int, str]:
+    """Which tool holds each sys.monitoring id (those in use only)."""
+    mon = sys.monitoring
+    out = {}
+    for tool in range(6):
+        name = mon.get_tool(tool)
+        if name is not None:
+            out[tool] = name
+    return out
+
+
+def _callbacks(policy: Policy, tls, on_error: Callable[[BaseException], None]):
+    """The six callbacks, as closures over their state (locals are the fastest reads)."""
+    mon = sys.monitoring
+    DISABLE = mon.DISABLE
+    getframe = sys._getframe
+    tracked_set = policy.tracked_set()
+    is_tracked = policy.is_tracked
+    build = _stack.build
+    UNKNOWN = _stack.UNKNOWN
+
+    def decide(code: CodeType) -> bool:
+        # First event of a code object in a file not decided yet; frame 2 is the frame
+        # running ``code`` (0: decide, 1: the callback).
+        return is_tracked(code, getframe(2).f_globals.get("__name__"))
+
+    def seed():
+        # Thread not seeded: build from the caller of the frame whose event this is.
+        # Frames: 0 seed, 1 callback, 2 the frame of the event, 3 its caller.
+        cell = tls.cell = [build(getframe(3), policy)[0]]
+        return cell
+
+    def resync():
+        tls.cell = [build(getframe(3), policy)[0]]
+
+    def on_start(code: CodeType, offset: int):
+        try:
+            if code.co_filename in tracked_set or decide(code):
+                try:
+                    cell = tls.cell
+                except AttributeError:
+                    cell = seed()
+                cell[0] = (code, cell[0], UNKNOWN)
+                return None
+            return DISABLE
+        except Exception as exc:  # never let an internal error reach user code
+            on_error(exc)
+            return None
+
+    def on_throw(code: CodeType, offset: int, exc: BaseException):
+        try:
+            if code.co_filename in tracked_set or decide(code):
+                try:
+                    cell = tls.cell
+                except AttributeError:
+                    cell = seed()
+                cell[0] = (code, cell[0], UNKNOWN)
+        except Exception as err:
+            on_error(err)
+
+    def on_return(code: CodeType, offset: int, value: object):
+        try:
+            try:
+                cell = tls.cell
+            except AttributeError:
+                cell = None
+            if cell is not None:
+                top = cell[0]
+                if top is not None and top[0] is code:
+                    cell[0] = top[1]
+                    return None
+            if not (code.co_filename in tracked_set or decide(code)):
+                return DISABLE
+            resync()
+        except Exception as exc:
+            on_error(exc)
+        return None
+
+    def on_unwind(code: CodeType, offset: int, exc: BaseException):
+        try:
+            try:
+                cell = tls.cell
+            except AttributeError:
+                cell = None
+            if cell is not None:
+                top = cell[0]
+                if top is not None and top[0] is code:
+                    cell[0] = top[1]
+                    return
+            if code.co_filename in tracked_set or decide(code):
+                resync()
+        except Exception as err:
+            on_error(err)
+
+    E = mon.events
+    return {
+        E.PY_START: on_start,
+        E.PY_RESUME: on_start,
+        E.PY_THROW: on_throw,
+        E.PY_RETURN: on_return,
+        E.PY_YIELD: on_return,
+        E.PY_UNWIND: on_unwind,
+    }
+
+
+class MonitoringBackend:
+    """Tracking through ``sys.monitoring`` (CPython 3.12+)."""
+
+    name = "monitoring"
+    tracking = True
+
+    @staticmethod
+    def unavailable() -> Optional[str]:
+        if not _env.HAS_SYSMON:
+            return f"sys.monitoring needs CPython 3.12+ (this is {_env.IMPLEMENTATION} {'.'.join(map(str, _env.PYVERSION))})"
+        free = [t for t in TOOL_ORDER if sys.monitoring.get_tool(t) is None]
+        if not free:
+            return "every sys.monitoring tool id is in use: " + _holders_text()
+        return None
+
+    def __init__(self, policy: Policy, on_error: Callable[[BaseException], None]) -> None:
+        self.policy = policy
+        self.on_error = on_error
+        self.tool: Optional[int] = None
+
+    def start(self) -> None:
+        mon = sys.monitoring
+        for tool in TOOL_ORDER:
+            try:
+                mon.use_tool_id(tool, TOOL_NAME)
+            except ValueError:
+                continue
+            self.tool = tool
+            break
+        else:
+            raise ToolIdsBusy(
+                "monstack cannot install: every sys.monitoring tool id is in use ("
+                + _holders_text() + "); uninstall one of those tools or use backend='walk'"
+            )
+        _stack.reset_tls()
+        events = 0
+        for event, callback in _callbacks(self.policy, _stack.TLS, self.on_error).items():
+            mon.register_callback(self.tool, event, callback)
+            events |= event
+        mon.set_events(self.tool, events)
+
+    def stop(self) -> None:
+        tool = self.tool
+        if tool is None:
+            return
+        mon = sys.monitoring
+        self.tool = None
+        if mon.get_tool(tool) != TOOL_NAME:
+            return  # somebody freed it under us; nothing of ours is left there
+        mon.set_events(tool, 0)
+        for event in (
+            mon.events.PY_START, mon.events.PY_RESUME, mon.events.PY_THROW,
+            mon.events.PY_RETURN, mon.events.PY_YIELD, mon.events.PY_UNWIND,
+        ):
+            mon.register_callback(tool, event, None)
+        mon.free_tool_id(tool)
+        _stack.reset_tls()
+
+    def capture(self, frame):
+        return _stack.capture(frame, self.policy)
+
+    def describe(self) -> dict[str, str]:
+        return {"tool id": str(self.tool) if self.tool is not None else "-"}
+
+
+def _holders_text() -> str:
+    return ", ".join(f"id {t}: {n!r}" for t, n in sorted(tool_holders().items())) or "none"

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Run the test suite on every supported CPython (3.11, 3.12, 3.13) found on this machine.
+# Each interpreter gets a fresh venv under .venvs/ with monstack installed (editable) plus
+# its test extra. Fails if a supported interpreter is missing or any run fails.
+# Extra arguments go to pytest.
+set -u
+cd "$(dirname "$0")/.."
+root=$(pwd)
+want=(3.11 3.12 3.13)
+
+find_python() {  # $1 = 3.X ; prints a path or nothing
+  local v=$1 c
+  if command -v pyenv >/dev/null 2>&1; then
+    for c in "$(pyenv root)"/versions/"$v".*/bin/python"$v"; do
+      [ -x "$c" ] && { echo "$c"; return; }
+    done
+  fi
+  c=$(command -v "python$v" 2>/dev/null) && [ -n "$c" ] && "$c" -c 'import sys' 2>/dev/null && { echo "$c"; return; }
+  return 0
+}
+
+status=0
+summary=()
+for v in "${want[@]}"; do
+  py=$(find_python "$v")
+  if [ -z "$py" ]; then
+    echo "!! CPython $v not found (tried pyenv versions and python$v on PATH)" >&2
+    summary+=("$v: MISSING"); status=1; continue
+  fi
+  venv="$root/.venvs/py$v"
+  echo "== CPython $v: $py"
+  if [ ! -x "$venv/bin/python" ]; then
+    "$py" -m venv "$venv" || { summary+=("$v: venv failed"); status=1; continue; }
+  fi
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check -e "$root[test]" \
+    || { summary+=("$v: install failed"); status=1; continue; }
+  for run in $("$venv/bin/python" -m monstack _test-configs 2>/dev/null || echo default); do
+    echo "-- CPython $v, configuration: $run"
+    MONSTACK_TEST_CONFIG=$run "$venv/bin/python" -m pytest -q -p no:cacheprovider "$@"
+    rc=$?
+    if [ $rc -ne 0 ]; then summary+=("$v/$run: FAILED (pytest exit $rc)"); status=1
+    else summary+=("$v/$run: passed"); fi
+  done
+done
+echo "== summary"
+printf '  %s\n' "${summary[@]}"
+exit $status
