@@ -11,9 +11,9 @@ import threading
 import warnings
 from typing import Any, Optional, Sequence
 
-from . import _backend
+from . import _backend, _propagate
 from ._policy import Policy, make_policy
-from ._snapshot import Snapshot
+from ._snapshot import CURRENT_ORIGIN, Snapshot
 
 
 class MonstackWarning(RuntimeWarning):
@@ -45,6 +45,8 @@ def install(
     track: str = "user",
     include: Sequence[str] = (),
     exclude: Sequence[str] = (),
+    propagate: Any = True,
+    chain_limit: int = 8,
 ) -> str:
     """Start keeping per-thread shadow stacks. Returns the name of the backend in use.
 
@@ -55,9 +57,20 @@ def install(
 
     Idempotent: calling it again with the same options does nothing; with other options
     it reinstalls. Thread-safe.
+
+    ``propagate``: True (default: every propagation point), False, or an iterable of
+    the names in ``monstack.PROPAGATION_POINTS``. ``chain_limit``: how many origin hops
+    a snapshot keeps (default 8).
     """
     global _state
-    options = {"backend": backend, "track": track, "include": tuple(include) if not isinstance(include, str) else (include,), "exclude": tuple(exclude) if not isinstance(exclude, str) else (exclude,)}
+    options = {
+        "backend": backend,
+        "track": track,
+        "include": tuple(include) if not isinstance(include, str) else (include,),
+        "exclude": tuple(exclude) if not isinstance(exclude, str) else (exclude,),
+        "propagate": _propagate.check_points(propagate),
+        "chain_limit": _propagate.check_chain_limit(chain_limit),
+    }
     _backend.check_choice(backend)  # ValueError before touching anything
     policy = make_policy(track, options["include"], options["exclude"])
     with _lock:
@@ -70,6 +83,7 @@ def install(
         instance.start()
         _state = _State(instance, policy, reason, options)
         try:
+            _propagate.start(options)
             for hook in list(_start_hooks):
                 hook(_state)
         except BaseException:
@@ -96,6 +110,10 @@ def _uninstall_locked() -> None:
                 hook(state)
             except Exception as exc:  # keep undoing the rest
                 _warn(f"monstack: an uninstall step failed: {exc!r}")
+        try:
+            _propagate.stop()
+        except Exception as exc:
+            _warn(f"monstack: undoing propagation failed: {exc!r}")
     finally:
         state.backend.stop()
 
@@ -151,7 +169,7 @@ def snapshot() -> Snapshot:
         if state is not None:
             _on_internal_error(exc)
         node, lasti = _walker().capture(frame)
-    return Snapshot._new(node, lasti)
+    return Snapshot._new(node, lasti, CURRENT_ORIGIN.get())
 
 
 def _warn(message: str) -> None:

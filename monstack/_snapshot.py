@@ -8,6 +8,7 @@ bounded. A pickled snapshot travels as plain ``(filename, lineno, name, ...)`` r
 
 from __future__ import annotations
 
+import contextvars
 import traceback
 from types import CodeType
 from typing import Any, Iterator, Optional, Tuple
@@ -18,6 +19,12 @@ from . import _stack
 #: code keeps its id from being reused while cached; the cap keeps memory bounded.
 _POSITIONS: dict[int, tuple[CodeType, list]] = {}
 POSITIONS_CACHE_SIZE = 2048
+
+#: The snapshot of where the work now running was created (see ``monstack.origin``).
+#: Each thread and asyncio task has its own; ``snapshot()`` links new snapshots to it.
+CURRENT_ORIGIN: "contextvars.ContextVar[Optional[Snapshot]]" = contextvars.ContextVar(
+    "monstack_current_origin", default=None
+)
 
 #: One frame as plain data: filename, lineno, name, end_lineno, colno, end_colno.
 FrameRecord = Tuple[str, Optional[int], str, Optional[int], Optional[int], Optional[int]]
