@@ -42,6 +42,10 @@ Node = Tuple[CodeType, Optional["Node"], int]  # type: ignore[misc]
 #: Per-thread state shared by all tracking backends (see module docstring).
 TLS = _thread._local()
 
+#: How often a thread's stack was seeded from / rebuilt after disagreeing with the real
+#: frames. Rebuilds are the slow path: tests assert ordinary code never needs one.
+STATS = {"seed": 0, "resync": 0}
+
 
 def reset_tls() -> None:
     """Forget every thread's stack at once (install/uninstall): a new ``_thread._local``.
@@ -154,6 +158,7 @@ def capture(frame: Optional[FrameType], policy: "Policy") -> Tuple[Optional[Node
         cell = tls.cell
     except AttributeError:
         cell = tls.cell = [None]
+        STATS["seed"] += 1
         top = build(f, policy)[0]
         cell[0] = top
         return top, (f.f_lasti if f is not None else UNKNOWN)
@@ -163,10 +168,14 @@ def capture(frame: Optional[FrameType], policy: "Policy") -> Tuple[Optional[Node
             cell[0] = None
         return None, UNKNOWN
     if top is None or top[0] is not f.f_code:
+        STATS["resync"] += 1
         top = build(f, policy)[0]
     elif top[2] == UNKNOWN:
         filled = _fill(top, f, policy)
-        top = filled if filled is not None else build(f, policy)[0]
+        if filled is None:
+            STATS["resync"] += 1
+            filled = build(f, policy)[0]
+        top = filled
     else:
         return top, f.f_lasti
     cell[0] = top

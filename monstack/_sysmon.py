@@ -50,6 +50,7 @@ def _callbacks(policy: Policy, tls, on_error: Callable[[BaseException], None]):
     is_tracked = policy.is_tracked
     build = _stack.build
     UNKNOWN = _stack.UNKNOWN
+    stats = _stack.STATS
 
     def decide(code: CodeType) -> bool:
         # First event of a code object in a file not decided yet; frame 2 is the frame
@@ -60,10 +61,12 @@ def _callbacks(policy: Policy, tls, on_error: Callable[[BaseException], None]):
         # Thread not seeded: build from the caller of the frame whose event this is.
         # Frames: 0 seed, 1 callback, 2 the frame of the event, 3 its caller.
         cell = tls.cell = [build(getframe(3), policy)[0]]
+        stats["seed"] += 1
         return cell
 
     def resync():
         tls.cell = [build(getframe(3), policy)[0]]
+        stats["resync"] += 1
 
     def on_start(code: CodeType, offset: int):
         try:

@@ -1,0 +1,55 @@
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+import monstack  # noqa: E402
+from monstack import _env  # noqa: E402
+
+#: Which configuration this run is (``python -m monstack _test-configs`` lists them).
+CONFIG = os.environ.get("MONSTACK_TEST_CONFIG", "default")
+
+
+def expected_backend() -> str:
+    """The backend ``install()`` picks by itself on this interpreter."""
+    from monstack import _backend
+
+    cls, _why = _backend.choose("auto")
+    return cls.name
+
+
+@pytest.fixture
+def installed():
+    """monstack installed with its defaults for one test, uninstalled afterwards."""
+    monstack.uninstall()
+    name = monstack.install()
+    try:
+        yield name
+    finally:
+        monstack.uninstall()
+
+
+@pytest.fixture
+def no_resync():
+    """Fails the test if the shadow stack ever disagreed with the real one (slow path)."""
+    from monstack import _stack
+
+    before = _stack.STATS["resync"]
+    yield
+    assert _stack.STATS["resync"] == before, "the shadow stack had to be rebuilt from the real frames"
+
+
+@pytest.fixture(autouse=True)
+def _always_uninstalled():
+    yield
+    monstack.uninstall()
+
+
+tracking = pytest.mark.skipif(
+    expected_backend() == "walk", reason="no tracking backend on this interpreter (walk only)"
+)
+needs_sysmon = pytest.mark.skipif(not _env.HAS_SYSMON, reason="sys.monitoring needs 3.12+")

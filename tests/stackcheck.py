@@ -1,0 +1,42 @@
+"""The oracle: the real interpreter stack, under monstack's own tracking policy."""
+
+from __future__ import annotations
+
+import sys
+
+import monstack
+from monstack._install import current_policy
+
+
+def real_records(frame=None) -> list[tuple[str, int, str]]:
+    """(filename, lineno, name) of the tracked real frames, outermost first."""
+    policy = current_policy()
+    f = frame if frame is not None else sys._getframe(1)
+    out = []
+    while f is not None:
+        if policy.is_tracked(f.f_code, f.f_globals.get("__name__")):
+            out.append((f.f_code.co_filename, f.f_lineno, f.f_code.co_name))
+        f = f.f_back
+    out.reverse()
+    return out
+
+
+def shadow_records(snap) -> list[tuple[str, int, str]]:
+    return [tuple(r[:3]) for r in snap.records()]
+
+
+class Mismatch(AssertionError):
+    pass
+
+
+def check(where: str = "") -> int:
+    """Assert the snapshot taken here equals the real stack; return its depth."""
+    snap, real = monstack.snapshot(), real_records(sys._getframe())
+    got = shadow_records(snap)
+    if got != real:
+        raise Mismatch(f"shadow stack != real stack {where}\nshadow: {_fmt(got)}\nreal:   {_fmt(real)}")
+    return len(got)
+
+
+def _fmt(recs) -> str:
+    return " > ".join(f"{name}:{line}" for _f, line, name in recs)
