@@ -32,6 +32,8 @@ class _State:
 
 _lock = threading.RLock()
 _state: Optional[_State] = None
+#: (tracked file names, TLS) of the running tracking backend, for snapshot()'s fast path.
+_fast: Optional[tuple] = None
 _default_walk: Any = None
 _failure_reported = False
 #: Hooks run after a backend starts / before it stops (propagation, logging, ...).
@@ -82,6 +84,7 @@ def install(
         instance = cls(policy, _on_internal_error)
         instance.start()
         _state = _State(instance, policy, reason, options)
+        _set_fast()
         try:
             _propagate.start(options)
             for hook in list(_start_hooks):
@@ -98,12 +101,24 @@ def uninstall() -> None:
         _uninstall_locked()
 
 
+def _set_fast() -> None:
+    global _fast
+    state = _state
+    if state is not None and state.backend.tracking:
+        from . import _stack
+
+        _fast = (state.policy.tracked_set(), _stack.TLS)
+    else:
+        _fast = None
+
+
 def _uninstall_locked() -> None:
-    global _state
+    global _state, _fast
     state = _state
     if state is None:
         return
     _state = None
+    _fast = None
     try:
         for hook in list(reversed(_stop_hooks)):
             try:
@@ -160,16 +175,30 @@ def snapshot() -> Snapshot:
 
     Without ``install()`` it walks the real frames (the ``walk`` backend, default policy).
     """
-    frame = sys._getframe(1)
+    frame = _getframe(1)
+    fast = _fast
+    if fast is not None:  # inline fast path of _stack.make_capture (keep them in step)
+        code = frame.f_code
+        if code.co_filename in fast[0]:
+            try:
+                top = fast[1].cell[0]
+            except AttributeError:
+                top = None
+            if top is not None and top[0] is code and top[2] != -1:
+                return _new_snapshot(top, frame.f_lasti, _get_origin())
     state = _state
-    backend = state.backend if state is not None else _walker()
     try:
-        node, lasti = backend.capture(frame)
+        node, lasti = (state.backend if state is not None else _walker()).capture(frame)
     except Exception as exc:
         if state is not None:
             _on_internal_error(exc)
         node, lasti = _walker().capture(frame)
-    return Snapshot._new(node, lasti, CURRENT_ORIGIN.get())
+    return _new_snapshot(node, lasti, _get_origin())
+
+
+_getframe = sys._getframe
+_new_snapshot = Snapshot._new
+_get_origin = CURRENT_ORIGIN.get
 
 
 def _warn(message: str) -> None:

@@ -71,43 +71,46 @@ def _records(node: Optional[_stack.Node], lasti: int) -> list[FrameRecord]:
     return out
 
 
-class Snapshot:
+class Snapshot(tuple):
     """Where a thread was: its tracked frames, innermost at the end of ``frames``.
 
     Cheap to take and hold (it shares the thread's stack nodes and keeps no frames or
-    locals alive); everything readable is computed on first use.
+    locals alive); everything readable is computed on first use. Immutable: it is a
+    tuple ``(node, lasti, origin, records)`` underneath -- the fastest object Python
+    can build -- but that layout is private; use the methods and properties.
     """
 
-    __slots__ = ("_node", "_lasti", "_origin", "_records")
+    __slots__ = ()
 
-    _node: Optional[_stack.Node]
-    _lasti: int
-    _origin: Optional["Snapshot"]
-    _records: Optional[tuple]
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __new__(cls, *args: Any, **kwargs: Any) -> "Snapshot":
         raise TypeError("Snapshot objects come from monstack.snapshot()")
 
     @classmethod
     def _new(cls, node: Optional[_stack.Node], lasti: int, origin: Optional["Snapshot"] = None) -> "Snapshot":
-        self = object.__new__(cls)
-        object.__setattr__(self, "_node", node)
-        object.__setattr__(self, "_lasti", lasti)
-        object.__setattr__(self, "_origin", origin)
-        object.__setattr__(self, "_records", None)
-        return self
+        return _tuple_new(cls, (node, lasti, origin, None))
 
     @classmethod
     def _from_records(cls, records: tuple, origin: Optional["Snapshot"] = None) -> "Snapshot":
-        self = cls._new(None, -1, origin)
-        object.__setattr__(self, "_records", tuple(tuple(r) for r in records))
-        return self
+        return _tuple_new(cls, (None, -1, origin, tuple(tuple(r) for r in records)))
 
-    def __setattr__(self, name: str, value: Any) -> None:
-        raise AttributeError("Snapshot is immutable")
+    @property
+    def _node(self) -> Optional[_stack.Node]:
+        return _tuple_getitem(self, 0)
 
-    def __delattr__(self, name: str) -> None:
-        raise AttributeError("Snapshot is immutable")
+    @property
+    def _lasti(self) -> int:
+        return _tuple_getitem(self, 1)
+
+    @property
+    def _origin(self) -> Optional["Snapshot"]:
+        return _tuple_getitem(self, 2)
+
+    @property
+    def _records(self) -> Optional[tuple]:
+        return _tuple_getitem(self, 3)
+
+    def __getitem__(self, index: Any) -> Any:
+        return self.frames[index]
 
     # -- reading ---------------------------------------------------------------------------
     @property
@@ -145,6 +148,15 @@ class Snapshot:
     def __bool__(self) -> bool:
         return True
 
+    def __contains__(self, item: object) -> bool:
+        return item in self.frames
+
+    def count(self, value: Any) -> int:  # type: ignore[override]
+        return list(self.frames).count(value)
+
+    def index(self, value: Any, *args: Any) -> int:  # type: ignore[override]
+        return list(self.frames).index(value, *args)
+
     def format(self, color: Optional[bool] = None, *, limit: Optional[int] = None) -> str:
         """The frames in CPython's traceback layout. ``color=None``: as suits ``sys.stdout``."""
         from . import _format
@@ -166,11 +178,22 @@ class Snapshot:
             return NotImplemented
         return self.records() == other.records() and self._origin == other._origin
 
+    def __ne__(self, other: object) -> bool:
+        result = self.__eq__(other)
+        return result if result is NotImplemented else not result
+
+    __lt__ = __le__ = __gt__ = __ge__ = lambda self, other: NotImplemented  # no ordering
+    __add__ = __mul__ = __rmul__ = lambda self, other: NotImplemented  # not a sequence of fields
+
     def __hash__(self) -> int:
         return hash(self.records())
 
     def __reduce__(self) -> tuple:
         return (_restore, (self.records(), self._origin))
+
+
+_tuple_new = tuple.__new__
+_tuple_getitem = tuple.__getitem__
 
 
 def _restore(records: tuple, origin: Optional[Snapshot]) -> Snapshot:

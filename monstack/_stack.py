@@ -145,41 +145,62 @@ def _fill(top: Node, frame: FrameType, policy: "Policy") -> Optional[Node]:
     return filled
 
 
-def capture(frame: Optional[FrameType], policy: "Policy") -> Tuple[Optional[Node], int]:
-    """``(top, lasti)`` for a snapshot taken by ``frame``, from this thread's shadow stack.
+def make_capture(policy: "Policy"):
+    """A ``capture(frame) -> (top, lasti)`` for tracking backends, bound to ``policy``.
 
     ``frame`` may be untracked (monstack's own frames, a library): the snapshot starts at
-    its nearest tracked caller. Checks the top against the real frame and fills unknown
-    call sites; resynchronises from the real frames when they disagree.
+    its nearest tracked caller. The fast path -- top node is this frame's code, call site
+    known -- is a handful of attribute reads. Otherwise it fills unknown call sites, and
+    resynchronises from the real frames when the shadow and real stacks disagree.
     """
-    f = first_tracked(frame, policy)
-    tls = TLS
-    try:
-        cell = tls.cell
-    except AttributeError:
-        cell = tls.cell = [None]
-        STATS["seed"] += 1
-        top = build(f, policy)[0]
-        cell[0] = top
-        return top, (f.f_lasti if f is not None else UNKNOWN)
-    top = cell[0]
-    if f is None:
-        if top is not None:
-            cell[0] = None
-        return None, UNKNOWN
-    if top is None or top[0] is not f.f_code:
-        STATS["resync"] += 1
-        top = build(f, policy)[0]
-    elif top[2] == UNKNOWN:
-        filled = _fill(top, f, policy)
-        if filled is None:
+    tracked_set = policy.tracked_set()
+    by_file = policy.tracked_files()
+    is_tracked = policy.is_tracked
+
+    def capture(frame: Optional[FrameType]) -> Tuple[Optional[Node], int]:
+        f = frame
+        while f is not None:
+            code = f.f_code
+            filename = code.co_filename
+            if filename in tracked_set:
+                break
+            if by_file.get(filename) is None and is_tracked(code, f.f_globals.get("__name__")):
+                break
+            f = f.f_back
+        tls = TLS
+        try:
+            cell = tls.cell
+        except AttributeError:
+            cell = tls.cell = [None]
+            STATS["seed"] += 1
+            top = build(f, policy)[0]
+            cell[0] = top
+            return top, (f.f_lasti if f is not None else UNKNOWN)
+        top = cell[0]
+        if f is None:
+            if top is not None:
+                cell[0] = None
+            return None, UNKNOWN
+        if top is None or top[0] is not code:
             STATS["resync"] += 1
-            filled = build(f, policy)[0]
-        top = filled
-    else:
+            top = build(f, policy)[0]
+        elif top[2] == UNKNOWN:
+            filled = _fill(top, f, policy)
+            if filled is None:
+                STATS["resync"] += 1
+                filled = build(f, policy)[0]
+            top = filled
+        else:
+            return top, f.f_lasti
+        cell[0] = top
         return top, f.f_lasti
-    cell[0] = top
-    return top, f.f_lasti
+
+    return capture
+
+
+def capture(frame: Optional[FrameType], policy: "Policy") -> Tuple[Optional[Node], int]:
+    """One-off form of :func:`make_capture` (slower: binds the policy on every call)."""
+    return make_capture(policy)(frame)
 
 
 def depth(node: Optional[Node]) -> int:

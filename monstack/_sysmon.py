@@ -157,6 +157,7 @@ class MonitoringBackend:
         self.policy = policy
         self.on_error = on_error
         self.tool: Optional[int] = None
+        self.capture = _stack.make_capture(policy)
 
     def start(self) -> None:
         mon = sys.monitoring
@@ -195,9 +196,6 @@ class MonitoringBackend:
             mon.register_callback(tool, event, None)
         mon.free_tool_id(tool)
         _stack.reset_tls()
-
-    def capture(self, frame):
-        return _stack.capture(frame, self.policy)
 
     def describe(self) -> dict[str, str]:
         return {"tool id": str(self.tool) if self.tool is not None else "-"}

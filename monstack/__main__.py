@@ -1,0 +1,70 @@
+"""``python -m monstack`` -- demo | info | bench."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Optional, Sequence
+
+
+def _info(args: argparse.Namespace) -> int:
+    import monstack
+    from monstack import _backend, _env
+
+    w = sys.stdout.write
+    w(f"monstack {monstack.__version__}\n")
+    w(f"interpreter: {_env.IMPLEMENTATION} {sys.version.split()[0]} ({sys.executable})\n")
+    w(f"platform: {sys.platform} {_env.MACHINE}{' free-threaded' if _env.FREE_THREADED else ''}\n")
+    if monstack.active_backend() is None:
+        try:
+            monstack.install()
+        except Exception as exc:  # say why, never crash info
+            w(f"install() failed: {exc}\n")
+    status = monstack.status()
+    w(f"backend: {status.get('backend')}\n")
+    if status.get("reason"):
+        w(f"chosen because: {status['reason']}\n")
+    for name, why_not in _backend.reasons().items():
+        w(f"  {name:10s} {'available' if why_not is None else 'unavailable: ' + why_not}\n")
+    for key, value in status.items():
+        if key not in ("backend", "reason"):
+            w(f"{key}: {value}\n")
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from monstack import _demo
+
+    _demo.run_demo()
+    return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from monstack import _bench
+
+    _bench.run(quick=args.quick, as_json=args.json)
+    return 0
+
+
+def _test_configs(args: argparse.Namespace) -> int:
+    """The test configurations the suite runs in on this interpreter (for tests/run-all.sh)."""
+    print("default")
+    return 0
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m monstack", description="monstack: where did this work come from?")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("demo", help="a background thread fails; see the line that created its work").set_defaults(func=_demo)
+    sub.add_parser("info", help="version, interpreter, backend and why").set_defaults(func=_info)
+    b = sub.add_parser("bench", help="what monstack costs, as ratios measured in one run")
+    b.add_argument("--quick", action="store_true", help="fewer rounds (about 30 s)")
+    b.add_argument("--json", action="store_true", help="machine-readable output")
+    b.set_defaults(func=_bench)
+    sub.add_parser("_test-configs", help=argparse.SUPPRESS).set_defaults(func=_test_configs)
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
