@@ -174,6 +174,11 @@ class MonitoringBackend:
                 + _holders_text() + "); uninstall one of those tools or use backend='walk'"
             )
         _stack.reset_tls()
+        # Events this tool id had DISABLEd under an earlier owner or an earlier policy
+        # stay disabled across free_tool_id/use_tool_id: a code object filtered before
+        # would then never be pushed. restart_events() re-enables them (for every tool:
+        # others see each disabled location fire once more and disable it again).
+        mon.restart_events()
         events = 0
         for event, callback in _callbacks(self.policy, _stack.TLS, self.on_error).items():
             mon.register_callback(self.tool, event, callback)

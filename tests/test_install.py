@@ -1,0 +1,230 @@
+"""install() / uninstall(): choices, idempotence, thread safety, restoring everything."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+import threading
+
+import pytest
+from conftest import expected_backend, needs_sysmon
+from stackcheck import check, shadow_records
+
+import monstack
+from monstack import _backend, _stack
+
+
+def test_install_returns_backend_and_uninstall_is_idempotent():
+    assert monstack.active_backend() is None
+    name = monstack.install()
+    assert name == monstack.active_backend() == expected_backend()
+    assert monstack.install() == name  # same options: nothing happens
+    monstack.uninstall()
+    monstack.uninstall()
+    assert monstack.active_backend() is None
+
+
+@pytest.mark.parametrize(
+    "kwargs, fragment",
+    [
+        ({"backend": "turbo"}, "valid choices: 'auto', 'monitoring', 'evalframe', 'walk'"),
+        ({"track": "some"}, "valid choices: 'user', 'all'"),
+        ({"include": [""]}, "non-empty"),
+        ({"chain_limit": 0}, "positive"),
+    ],
+)
+def test_bad_options_raise_valueerror_naming_valid_choices(kwargs, fragment):
+    with pytest.raises(ValueError) as info:
+        monstack.install(**kwargs)
+    assert fragment in str(info.value)
+    assert monstack.active_backend() is None
+
+
+def test_env_backend_is_honoured_and_checked(monkeypatch):
+    monkeypatch.setenv("MONSTACK_BACKEND", "walk")
+    assert monstack.install() == "walk"
+    monstack.uninstall()
+    monkeypatch.setenv("MONSTACK_BACKEND", "bogus")
+    with pytest.raises(ValueError, match="MONSTACK_BACKEND='bogus'"):
+        monstack.install()
+
+
+def test_unavailable_backend_requested_explicitly_says_why():
+    reasons = _backend.reasons()
+    missing = [name for name, why in reasons.items() if why]
+    if not missing:
+        pytest.skip("every backend is available here")
+    with pytest.raises(RuntimeError, match="cannot run here"):
+        monstack.install(backend=missing[0])
+
+
+def test_walk_backend_explicitly():
+    assert monstack.install(backend="walk") == "walk"
+    check("walk")
+
+
+def test_snapshot_without_install_walks_and_never_raises():
+    assert monstack.active_backend() is None
+    snap = monstack.snapshot()
+    assert shadow_records(snap)[-1][2] == "test_snapshot_without_install_walks_and_never_raises"
+    check("uninstalled")
+
+
+def test_reinstall_with_other_options_reconfigures():
+    monstack.install(track="user")
+    assert monstack.status()["policy"] == "track=user"
+    monstack.install(track="all")
+    assert monstack.status()["policy"] == "track=all"
+
+
+def test_install_uninstall_from_many_threads():
+    errors = []
+    barrier = threading.Barrier(6)
+
+    def churn(i):
+        try:
+            barrier.wait()
+            for j in range(20):
+                if (i + j) % 2:
+                    monstack.install()
+                else:
+                    monstack.uninstall()
+                check("churn")
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=churn, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]
+
+
+@needs_sysmon
+def test_uninstall_frees_the_tool_id_and_callbacks():
+    mon = sys.monitoring
+    before = {t: mon.get_tool(t) for t in range(6)}
+    monstack.install(backend="monitoring")
+    tool = int(monstack.status()["tool id"])
+    assert mon.get_tool(tool) == "monstack"
+    assert mon.get_events(tool) != 0
+    monstack.uninstall()
+    assert {t: mon.get_tool(t) for t in range(6)} == before
+    for event in (mon.events.PY_START, mon.events.PY_RETURN, mon.events.PY_UNWIND):
+        assert mon.register_callback(tool, event, None) is None  # nothing of ours left
+
+
+@needs_sysmon
+def test_tool_ids_in_use_are_never_stolen():
+    mon = sys.monitoring
+    taken = []
+    try:
+        for tool in (3, 4):
+            if mon.get_tool(tool) is None:
+                mon.use_tool_id(tool, f"other-{tool}")
+                taken.append(tool)
+        monstack.install(backend="monitoring")
+        assert int(monstack.status()["tool id"]) not in (3, 4)
+        monstack.uninstall()
+        for tool in range(6):
+            if mon.get_tool(tool) is None:
+                mon.use_tool_id(tool, f"other-{tool}")
+                taken.append(tool)
+        with pytest.raises(RuntimeError, match="other-3"):
+            monstack.install(backend="monitoring")
+        assert monstack.active_backend() is None
+        # auto falls back to the next backend and says why
+        assert monstack.install() != "monitoring"
+        assert "tool id" in monstack.status()["reason"]
+    finally:
+        for tool in taken:
+            mon.free_tool_id(tool)
+
+
+@needs_sysmon
+def test_filtered_code_events_stop_after_the_first(monkeypatch, tmp_path):
+    from monstack import _sysmon
+
+    counts: dict = {}
+    real = _sysmon._callbacks
+
+    def counting(policy, tls, on_error):
+        cbs = real(policy, tls, on_error)
+
+        def wrap(event, cb):
+            def counted(code, *args):
+                counts[(event, code.co_name)] = counts.get((event, code.co_name), 0) + 1
+                return cb(code, *args)
+
+            return counted
+
+        return {event: wrap(event, cb) for event, cb in cbs.items()}
+
+    monkeypatch.setattr(_sysmon, "_callbacks", counting)
+    mod = tmp_path / "filtered_mod_for_test.py"
+    mod.write_text("def lib():\n    return 1\n\ndef gen():\n    yield 1\n    yield 2\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        import filtered_mod_for_test as m
+    finally:
+        sys.path.remove(str(tmp_path))
+
+    def user():
+        return 2
+
+    monstack.install(backend="monitoring", exclude=[str(tmp_path)])
+    for _ in range(200):
+        m.lib()
+        user()
+        list(m.gen())
+    monstack.uninstall()
+    E = sys.monitoring.events
+    assert counts[(E.PY_START, "lib")] == 1 and counts[(E.PY_RETURN, "lib")] == 1
+    assert counts[(E.PY_START, "gen")] == 1 and counts[(E.PY_RESUME, "gen")] <= 2
+    assert counts[(E.PY_START, "user")] == 200 and counts[(E.PY_RETURN, "user")] == 200
+
+
+@needs_sysmon
+def test_disabled_code_is_tracked_again_after_reinstall_with_another_policy(tmp_path):
+    mod = tmp_path / "policy_swap_mod.py"
+    mod.write_text(
+        textwrap.dedent(
+            """
+            import monstack
+            def lib(cb):
+                return cb()
+            """
+        )
+    )
+    sys.path.insert(0, str(tmp_path))
+    try:
+        import policy_swap_mod as m
+    finally:
+        sys.path.remove(str(tmp_path))
+
+    def names():
+        return [r[2] for r in shadow_records(monstack.snapshot())]
+
+    monstack.install(backend="monitoring", exclude=["policy_swap_mod"])
+    assert "lib" not in m.lib(names)
+    m.lib(check)
+    monstack.uninstall()
+    monstack.install(backend="monitoring")
+    assert "lib" in m.lib(names)
+    m.lib(check)
+
+
+def test_internal_error_in_a_callback_warns_once_and_uninstalls(monkeypatch):
+    if expected_backend() != "monitoring":
+        pytest.skip("this checks the sys.monitoring callbacks")
+    monstack.install()
+    # Break the thread state the callbacks read: the next event fails inside a callback.
+    _stack.TLS.cell = None
+    with pytest.warns(monstack.MonstackWarning, match="tracking turned off"):
+
+        def user_code():
+            return 42
+
+        assert user_code() == 42  # the user's code still runs and returns normally
+    assert monstack.active_backend() is None
