@@ -47,15 +47,19 @@ def _callbacks(policy: Policy, tls, on_error: Callable[[BaseException], None]):
     DISABLE = mon.DISABLE
     getframe = sys._getframe
     tracked_set = policy.tracked_set()
+    by_file = policy.tracked_files()
     is_tracked = policy.is_tracked
     build = _stack.build
     UNKNOWN = _stack.UNKNOWN
     stats = _stack.STATS
 
     def decide(code: CodeType) -> bool:
-        # First event of a code object in a file not decided yet; frame 2 is the frame
-        # running ``code`` (0: decide, 1: the callback).
-        return is_tracked(code, getframe(2).f_globals.get("__name__"))
+        # Not in tracked_set: filtered (decided) or not decided yet. Frame 2 is the frame
+        # running ``code`` (0: decide, 1: the callback); its module name feeds the policy.
+        decision = by_file.get(code.co_filename)
+        if decision is None:
+            decision = is_tracked(code, getframe(2).f_globals.get("__name__"))
+        return decision
 
     def seed():
         # Thread not seeded: build from the caller of the frame whose event this is.
