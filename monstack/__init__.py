@@ -8,16 +8,34 @@ from ._install import (
     status,
     uninstall,
 )
+from ._origin import (
+    attach,
+    current_origin,
+    format_exception,
+    origin,
+    origin_of,
+    print_exception,
+    wrap,
+)
+from ._propagate import PROPAGATION_POINTS
 from ._snapshot import Snapshot
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "PROPAGATION_POINTS",
     "MonstackWarning",
     "Snapshot",
     "active_backend",
+    "attach",
+    "current_origin",
+    "format_exception",
     "install",
+    "origin",
+    "origin_of",
+    "print_exception",
     "snapshot",
     "status",
     "uninstall",
+    "wrap",
 ]

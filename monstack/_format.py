@@ -8,6 +8,7 @@ to let :mod:`monstack._colorize` decide for the stream).
 from __future__ import annotations
 
 import linecache
+import sys
 from typing import IO, Iterable, Optional, Sequence, Union
 
 from ._colorize import ANSI, resolve
@@ -107,3 +108,126 @@ def heading(text: str, color: bool) -> str:
 
 def join(parts: Iterable[str]) -> str:
     return "".join(parts)
+
+
+# -- origins and exceptions -------------------------------------------------------------
+
+#: First line of an origin chain, and of the PEP 678 note that carries it.
+ORIGIN_HEADING = "Work created at (most recent call last):"
+#: Heading of each older hop: the work above was itself created by other work.
+HOP_HEADING = "Which ran in work created at (most recent call last):"
+
+
+def format_origin(snap, color: bool = False, limit: Optional[int] = None, frame_limit: Optional[int] = None) -> list[str]:
+    """Lines for the chain that starts at ``snap`` (where the work was created), newest hop
+    first, at most ``limit`` hops (default: the installed ``chain_limit``), then how many
+    older hops were dropped."""
+    from ._snapshot import CHAIN_LIMIT
+
+    if limit is None:
+        limit = CHAIN_LIMIT
+    limit = max(1, limit)
+    older, dropped = snap.chain(limit - 1)
+    out: list[str] = []
+    for i, hop in enumerate((snap,) + tuple(older)):
+        out.append(heading(ORIGIN_HEADING if i == 0 else HOP_HEADING, color))
+        try:
+            records = hop.records()
+        except Exception:  # never let a broken record break the report
+            records = ()
+        if records:
+            out.extend(format_records(records, color, frame_limit))
+        else:
+            out.append("  (no tracked frames)\n")
+    if dropped > 0:
+        text = f"[{dropped} more hop{'s' if dropped != 1 else ''} dropped (chain_limit={limit})]"
+        out.append(f"{ANSI.GREY}{text}{ANSI.RESET}\n" if color else text + "\n")
+    return out
+
+
+def is_origin_note(note: object) -> bool:
+    """True for the PEP 678 note monstack adds (recognised by its heading, also after pickling)."""
+    return isinstance(note, str) and note.startswith(ORIGIN_HEADING)
+
+
+def _traceback_lines(exc: BaseException, color: bool, drop_origin_note: bool) -> list[str]:
+    """CPython's own rendering of ``exc`` (chains, groups, carets), minus monstack's note."""
+    import traceback
+
+    te = traceback.TracebackException(type(exc), exc, exc.__traceback__, compact=True)
+    _hide_own_frames(te)
+    if drop_origin_note:
+        notes = getattr(te, "__notes__", None)
+        if isinstance(notes, (list, tuple)):
+            kept = [n for n in notes if not is_origin_note(n)]
+            te.__notes__ = kept or None  # type: ignore[attr-defined]
+    if color and _COLORIZE_TRACEBACKS:
+        return list(te.format(colorize=True))  # type: ignore[call-arg]
+    return list(te.format())
+
+
+def _hide_own_frames(te) -> None:
+    """Drop monstack's own frames (its call wrappers) from a TracebackException and the
+    exceptions chained to it, as the tracking policy keeps them out of snapshots."""
+    import traceback
+
+    from ._policy import _MONSTACK_DIR
+
+    seen: set = set()
+    todo = [te]
+    while todo:
+        t = todo.pop()
+        if t is None or id(t) in seen:
+            continue
+        seen.add(id(t))
+        stack = getattr(t, "stack", None)
+        if stack and any(f.filename.startswith(_MONSTACK_DIR) for f in stack):
+            t.stack = traceback.StackSummary.from_list(
+                [f for f in stack if not f.filename.startswith(_MONSTACK_DIR)]
+            )
+        todo.append(getattr(t, "__cause__", None))
+        todo.append(getattr(t, "__context__", None))
+        todo.extend(getattr(t, "exceptions", None) or ())
+
+
+#: CPython 3.13+ colours tracebacks itself (``TracebackException.format(colorize=...)``).
+_COLORIZE_TRACEBACKS = sys.version_info >= (3, 13)
+
+
+def _fallback_exception_lines(exc: BaseException) -> list[str]:
+    """The last resort when even the traceback module cannot render ``exc``."""
+    try:
+        name = type(exc).__qualname__
+    except Exception:
+        name = "<exception>"
+    try:
+        text = str(exc)
+    except Exception:
+        text = "<exception str() failed>"
+    return [f"{name}: {text}\n" if text else f"{name}\n"]
+
+
+def format_traceback(exc: BaseException, color: bool = False) -> str:
+    """Only CPython's rendering of ``exc``, without monstack's origin note."""
+    try:
+        return "".join(_traceback_lines(exc, color, True))
+    except Exception:
+        return "".join(_fallback_exception_lines(exc))
+
+
+def format_exception(exc: BaseException, origin=None, color: bool = False) -> str:
+    """The traceback of ``exc`` as CPython prints it, then the origin chain (if any).
+
+    monstack's own note is left out of the traceback part when ``origin`` is given (it
+    would repeat the chain, uncoloured). Never raises for hostile exceptions.
+    """
+    try:
+        lines = _traceback_lines(exc, color, origin is not None)
+    except Exception:
+        lines = _fallback_exception_lines(exc)
+    if origin is not None:
+        try:
+            lines.extend(format_origin(origin, color))
+        except Exception:
+            lines.append("(monstack: the origin of this exception could not be formatted)\n")
+    return "".join(lines)

@@ -64,7 +64,7 @@ def install(
     the names in ``monstack.PROPAGATION_POINTS``. ``chain_limit``: how many origin hops
     a snapshot keeps (default 8).
     """
-    global _state
+    global _state, _failure_reported
     options = {
         "backend": backend,
         "track": track,
@@ -81,6 +81,7 @@ def install(
                 return _state.backend.name
             _uninstall_locked()
         cls, reason = _backend.choose(backend)
+        _failure_reported = False  # each installation reports its own failure, once
         instance = cls(policy, _on_internal_error)
         instance.start()
         _state = _State(instance, policy, reason, options)

@@ -1,17 +1,52 @@
-"""Automatic propagation of origins (threads, executors, asyncio). Placeholder API.
+"""Automatic propagation of origins: threads, executors, asyncio.
 
-``check_points(value)`` validates ``install(propagate=...)`` and returns a frozenset of
-point names; ``check_chain_limit(n)`` validates ``install(chain_limit=...)``;
-``start(options)`` applies the patches named in ``options["propagate"]``;
-``stop()`` undoes every patch ``start`` made.
+``install(propagate=...)`` names the points to patch (``PROPAGATION_POINTS``):
+
+- ``"threading"``: ``threading.Thread.start`` (so ``Timer`` too). The new thread runs
+  with the starter's snapshot as its origin; an exception ending it carries the origin,
+  so ``threading.excepthook`` prints it (as a PEP 678 note).
+- ``"thread_pool"`` / ``"process_pool"``: ``ThreadPoolExecutor.submit`` /
+  ``ProcessPoolExecutor.submit`` (``map`` goes through ``submit``). The exception that
+  ``future.result()`` raises carries the submitting line; for process pools the origin
+  travels to the child pickled and comes back on the pickled exception, and the parent
+  attaches it again if the exception lost it on the way.
+- ``"asyncio_tasks"``: ``asyncio.BaseEventLoop.create_task``, through which
+  ``asyncio.create_task``, ``loop.create_task``, ``ensure_future``, ``gather`` and
+  ``TaskGroup`` create tasks. It sits in front of whatever task factory the loop has,
+  so user factories keep working (and their tasks inherit the origin) and every loop is
+  covered, including loops that existed before ``install()``.
+- ``"asyncio_executor"``: ``loop.run_in_executor`` and ``asyncio.to_thread``.
+
+Each replacement checks whether its point is still on and otherwise calls straight
+through, so a patch that somebody else wrapped after us is harmless after ``stop()``;
+``stop()`` puts the identical original objects back wherever ours is still in place.
+The snapshot is the only cost on the creating side (O(1) with a tracking backend).
 """
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+import sys
+import threading
+from typing import Any, Callable, Optional
+
+from . import _snapshot
+from ._origin import _attach_if_absent, _snap, _WithOrigin
+from ._snapshot import CURRENT_ORIGIN
 
 #: Every propagation point install() knows.
-PROPAGATION_POINTS: tuple[str, ...] = ()
+PROPAGATION_POINTS: tuple[str, ...] = (
+    "threading",
+    "thread_pool",
+    "process_pool",
+    "asyncio_tasks",
+    "asyncio_executor",
+)
+
+#: Points switched on now (read by the replacements on every call).
+_ON: set = set()
+#: Applied patches: (owner, attribute name, original object, replacement).
+_PATCHES: list[tuple[Any, str, Any, Any]] = []
 
 
 def check_points(value: Any) -> frozenset:
@@ -19,8 +54,16 @@ def check_points(value: Any) -> frozenset:
         return frozenset(PROPAGATION_POINTS)
     if value is False or value is None:
         return frozenset()
-    names = frozenset([value] if isinstance(value, str) else value)
-    bad = sorted(n for n in names if n not in PROPAGATION_POINTS)
+    if isinstance(value, str):
+        names = frozenset([value])
+    else:
+        try:
+            names = frozenset(value)
+        except TypeError:
+            raise ValueError(
+                f"propagate must be True, False or names from {list(PROPAGATION_POINTS)}, got {value!r}"
+            ) from None
+    bad = sorted(str(n) for n in names if n not in PROPAGATION_POINTS)
     if bad:
         raise ValueError(f"unknown propagation point(s) {bad}; valid choices: {list(PROPAGATION_POINTS)}")
     return names
@@ -33,8 +76,283 @@ def check_chain_limit(value: Any) -> int:
 
 
 def start(options: dict) -> None:
-    pass
+    """Apply the patches named in ``options["propagate"]``; set the chain cap."""
+    stop()
+    _snapshot.set_chain_limit(options.get("chain_limit", _snapshot.DEFAULT_CHAIN_LIMIT))
+    points = options.get("propagate", frozenset())
+    try:
+        for name in PROPAGATION_POINTS:
+            if name in points:
+                _APPLY[name]()
+                _ON.add(name)
+    except BaseException:
+        stop()
+        raise
 
 
 def stop() -> None:
-    pass
+    """Undo every patch ``start`` made: the original objects are put back (identity)."""
+    _ON.clear()
+    while _PATCHES:
+        owner, attr, original, replacement = _PATCHES.pop()
+        try:
+            if owner.__dict__.get(attr) is replacement:
+                setattr(owner, attr, original)
+            # else: somebody patched over us; our replacement now just calls through.
+        except Exception:
+            pass
+    _snapshot.set_chain_limit(_snapshot.DEFAULT_CHAIN_LIMIT)
+
+
+def patched() -> list[tuple[Any, str, Any]]:
+    """``(owner, attribute, original)`` of every patch in place (for tests and ``info``)."""
+    return [(owner, attr, original) for owner, attr, original, _r in _PATCHES]
+
+
+def _patch(owner: Any, attr: str, make: Callable[[Any], Any]) -> None:
+    original = owner.__dict__[attr]
+    replacement = make(original)
+    try:
+        functools.update_wrapper(replacement, original)
+    except Exception:
+        pass
+    setattr(owner, attr, replacement)
+    _PATCHES.append((owner, attr, original, replacement))
+
+
+def _take() -> Optional[Any]:
+    """A snapshot for new work, or None if that fails (never break the host program)."""
+    try:
+        return _snap()
+    except Exception:
+        return None
+
+
+# -- threading -------------------------------------------------------------------------------
+
+
+def _apply_threading() -> None:
+    def make(original: Callable[..., None]) -> Callable[..., None]:
+        def start(self: threading.Thread) -> None:
+            if "threading" not in _ON:
+                return original(self)
+            bound = _bind_thread(self)
+            try:
+                return original(self)
+            except BaseException:
+                if bound:
+                    _unbind_thread(self, bound)
+                raise
+
+        return start
+
+    _patch(threading.Thread, "start", make)
+
+
+def _bind_thread(thread: threading.Thread) -> Optional[tuple]:
+    """Give ``thread`` an instance-level ``run`` that runs the real one with an origin.
+
+    Not for a ThreadPoolExecutor's own workers: they run many jobs, each with its own
+    origin, and whichever submit() happened to start one is no origin of the others.
+    """
+    try:
+        pool_mod = sys.modules.get("concurrent.futures.thread")
+        if pool_mod is not None and getattr(thread, "_target", None) is getattr(pool_mod, "_worker", None):
+            return None
+        snap = _take()
+        if snap is None:
+            return None
+        had = "run" in thread.__dict__
+        previous = thread.__dict__.get("run")
+        run = thread.run
+
+        def run_with_origin() -> None:
+            token = CURRENT_ORIGIN.set(snap)
+            try:
+                run()
+            except Exception as exc:
+                _attach_if_absent(exc, snap)
+                raise
+            finally:
+                CURRENT_ORIGIN.reset(token)
+                _unbind_thread(thread, bound)
+
+        bound = (run_with_origin, had, previous)
+        thread.run = run_with_origin  # type: ignore[method-assign]
+        return bound
+    except Exception:
+        return None
+
+
+def _unbind_thread(thread: threading.Thread, bound: tuple) -> None:
+    """Remove our instance ``run`` (restoring one the user set) so nothing is kept alive."""
+    wrapper, had, previous = bound
+    try:
+        if thread.__dict__.get("run") is wrapper:
+            if had:
+                thread.__dict__["run"] = previous
+            else:
+                del thread.__dict__["run"]
+    except Exception:
+        pass
+
+
+# -- concurrent.futures ------------------------------------------------------------------------
+
+
+def _make_submit(point: str) -> Callable[[Any], Any]:
+    def make(original: Callable[..., Any]) -> Callable[..., Any]:
+        def submit(self: Any, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+            if point not in _ON or type(fn) is _WithOrigin:
+                return original(self, fn, *args, **kwargs)
+            snap = _take()
+            if snap is None:
+                return original(self, fn, *args, **kwargs)
+            future = original(self, _WithOrigin(fn, snap), *args, **kwargs)
+            if point == "process_pool":
+                _attach_when_done(future, snap)
+            return future
+
+        return submit
+
+    return make
+
+
+def _attach_when_done(future: Any, snap: Any) -> None:
+    """Parent side of a process pool: attach the origin if the pickled exception lost it.
+
+    The child normally attaches it before the exception is pickled back; this catches
+    exceptions whose pickling drops attributes (it runs when the future completes, so a
+    caller already woken by ``result()`` may see the exception a moment earlier).
+    """
+
+    def done(fut: Any) -> None:
+        try:
+            if not fut.cancelled():
+                exc = fut._exception  # not .exception(): never wait, never mark anything
+                if isinstance(exc, Exception):
+                    _attach_if_absent(exc, snap)
+        except Exception:
+            pass
+
+    try:
+        future.add_done_callback(done)
+    except Exception:
+        pass
+
+
+def _apply_thread_pool() -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    _patch(ThreadPoolExecutor, "submit", _make_submit("thread_pool"))
+
+
+def _apply_process_pool() -> None:
+    from concurrent.futures import ProcessPoolExecutor
+
+    _patch(ProcessPoolExecutor, "submit", _make_submit("process_pool"))
+
+
+# -- asyncio -------------------------------------------------------------------------------------
+
+
+def _apply_asyncio_tasks() -> None:
+    import asyncio.base_events
+
+    def make(original: Callable[..., Any]) -> Callable[..., Any]:
+        def create_task(self: Any, coro: Any, *args: Any, **kwargs: Any) -> Any:
+            # An explicit context (asyncio.run's main task, user code) is left alone:
+            # setting our variable in it would change the caller's context object.
+            if "asyncio_tasks" not in _ON or kwargs.get("context") is not None:
+                return original(self, coro, *args, **kwargs)
+            snap = _take()
+            if snap is None:
+                return original(self, coro, *args, **kwargs)
+            token = CURRENT_ORIGIN.set(snap)  # the task copies the current context
+            try:
+                task = original(self, coro, *args, **kwargs)
+            finally:
+                CURRENT_ORIGIN.reset(token)
+            try:
+                task.add_done_callback(functools.partial(_task_done, snap))
+            except Exception:
+                pass
+            return task
+
+        return create_task
+
+    _patch(asyncio.base_events.BaseEventLoop, "create_task", make)
+
+
+def _task_done(snap: Any, task: Any) -> None:
+    """Attach the creation site to a failed task's exception.
+
+    Registered when the task is created, so it runs before the callbacks of anything
+    awaiting the task (awaiters, gather, TaskGroup) and before "Task exception was never
+    retrieved" can be logged. Reads ``_exception`` rather than calling ``exception()``,
+    which would mark the exception retrieved and silence that message.
+    """
+    try:
+        if task.cancelled():
+            return
+        exc = task._exception
+        if isinstance(exc, Exception):
+            _attach_if_absent(exc, snap)
+    except Exception:
+        pass
+
+
+def _apply_asyncio_executor() -> None:
+    import asyncio
+    import asyncio.base_events
+    import asyncio.threads
+
+    def make_rie(original: Callable[..., Any]) -> Callable[..., Any]:
+        def run_in_executor(self: Any, executor: Any, func: Any, *args: Any) -> Any:
+            if "asyncio_executor" not in _ON or _has_origin(func):
+                return original(self, executor, func, *args)
+            snap = _take()
+            if snap is None:
+                return original(self, executor, func, *args)
+            return original(self, executor, _WithOrigin(func, snap), *args)
+
+        return run_in_executor
+
+    _patch(asyncio.base_events.BaseEventLoop, "run_in_executor", make_rie)
+
+    def make_to_thread(original: Callable[..., Any]) -> Callable[..., Any]:
+        async def to_thread(func: Any, /, *args: Any, **kwargs: Any) -> Any:
+            # The body runs when awaited: the snapshot is the awaiting line.
+            if "asyncio_executor" in _ON and not _has_origin(func):
+                snap = _take()
+                if snap is not None:
+                    func = _WithOrigin(func, snap)
+            return await original(func, *args, **kwargs)
+
+        return to_thread
+
+    _patch(asyncio.threads, "to_thread", make_to_thread)
+    # ``asyncio.to_thread`` is the same object re-exported by the package.
+    if asyncio.__dict__.get("to_thread") is _PATCHES[-1][2]:
+        replacement = _PATCHES[-1][3]
+        original = _PATCHES[-1][2]
+        asyncio.to_thread = replacement
+        _PATCHES.append((asyncio, "to_thread", original, replacement))
+
+
+def _has_origin(func: Any) -> bool:
+    """Already wrapped (directly, or as ``to_thread``'s ``partial(ctx.run, wrapped, ...)``)."""
+    if type(func) is _WithOrigin:
+        return True
+    if type(func) is functools.partial and func.args and type(func.args[0]) is _WithOrigin:
+        return True
+    return False
+
+
+_APPLY: dict[str, Callable[[], None]] = {
+    "threading": _apply_threading,
+    "thread_pool": _apply_thread_pool,
+    "process_pool": _apply_process_pool,
+    "asyncio_tasks": _apply_asyncio_tasks,
+    "asyncio_executor": _apply_asyncio_executor,
+}

@@ -26,6 +26,28 @@ CURRENT_ORIGIN: "contextvars.ContextVar[Optional[Snapshot]]" = contextvars.Conte
     "monstack_current_origin", default=None
 )
 
+#: How many origin hops a snapshot shows (``install(chain_limit=...)``). Chains are also
+#: kept physically short: a snapshot never links to more than ``2 * CHAIN_LIMIT - 1``
+#: origins (see ``Snapshot._new``), so endless resubmission chains use flat memory.
+DEFAULT_CHAIN_LIMIT = 8
+CHAIN_LIMIT = DEFAULT_CHAIN_LIMIT
+#: Hop count at which ``Snapshot._new`` shortens a chain (``2 * CHAIN_LIMIT``).
+_SHORTEN_AT = 2 * DEFAULT_CHAIN_LIMIT
+
+#: A snapshot stores its hop count and dropped count in one int (one read on the hot
+#: path): ``dropped << _HOP_BITS | hops``.
+_HOP_BITS = 32
+_HOP_MASK = (1 << _HOP_BITS) - 1
+
+
+def set_chain_limit(limit: int) -> None:
+    """Set the chain cap (install/uninstall; validated by the caller)."""
+    global CHAIN_LIMIT, _SHORTEN_AT
+    limit = min(int(limit), _HOP_MASK // 2)
+    CHAIN_LIMIT = limit
+    _SHORTEN_AT = 2 * limit
+
+
 #: One frame as plain data: filename, lineno, name, end_lineno, colno, end_colno.
 FrameRecord = Tuple[str, Optional[int], str, Optional[int], Optional[int], Optional[int]]
 
@@ -76,7 +98,7 @@ class Snapshot(tuple):
 
     Cheap to take and hold (it shares the thread's stack nodes and keeps no frames or
     locals alive); everything readable is computed on first use. Immutable: it is a
-    tuple ``(node, lasti, origin, records)`` underneath -- the fastest object Python
+    tuple ``(node, lasti, origin, records, hop counts)`` underneath -- the fastest object Python
     can build -- but that layout is private; use the methods and properties.
     """
 
@@ -87,11 +109,29 @@ class Snapshot(tuple):
 
     @classmethod
     def _new(cls, node: Optional[_stack.Node], lasti: int, origin: Optional["Snapshot"] = None) -> "Snapshot":
-        return _tuple_new(cls, (node, lasti, origin, None))
+        """O(1) (amortised): links to ``origin``, shortening the chain when it is too long.
+
+        Each snapshot stores its hop count, so the cap never walks the chain. A chain
+        reaching ``2 * CHAIN_LIMIT`` hops is replaced by a copy of its newest
+        ``CHAIN_LIMIT`` hops (made once per origin and cached), so shortening costs O(1)
+        per hop on average and memory stays flat however long a resubmission chain runs.
+        """
+        if origin is None:
+            return _tuple_new(cls, (node, lasti, None, None, 0))
+        meta = _tuple_getitem(origin, 4) + 1
+        if (meta & _HOP_MASK) >= _SHORTEN_AT:
+            origin = _compacted(origin, CHAIN_LIMIT)
+            meta = _tuple_getitem(origin, 4) + 1
+        return _tuple_new(cls, (node, lasti, origin, None, meta))
 
     @classmethod
-    def _from_records(cls, records: tuple, origin: Optional["Snapshot"] = None) -> "Snapshot":
-        return _tuple_new(cls, (None, -1, origin, tuple(tuple(r) for r in records)))
+    def _from_records(cls, records: tuple, origin: Optional["Snapshot"] = None, dropped: int = 0) -> "Snapshot":
+        linked = cls._new(None, -1, origin)
+        meta = _tuple_getitem(linked, 4)
+        if _tuple_getitem(linked, 2) is None:
+            meta = max(0, int(dropped)) << _HOP_BITS
+        recs = tuple(tuple(r) for r in records)
+        return _tuple_new(cls, (None, -1, _tuple_getitem(linked, 2), recs, meta))
 
     @property
     def _node(self) -> Optional[_stack.Node]:
@@ -109,6 +149,16 @@ class Snapshot(tuple):
     def _records(self) -> Optional[tuple]:
         return _tuple_getitem(self, 3)
 
+    @property
+    def _hops(self) -> int:
+        """Origins physically linked below this snapshot (the ``origin`` chain's length)."""
+        return _tuple_getitem(self, 4) & _HOP_MASK
+
+    @property
+    def _dropped(self) -> int:
+        """Older hops cut off the end of the physical chain by the cap."""
+        return _tuple_getitem(self, 4) >> _HOP_BITS
+
     def __getitem__(self, index: Any) -> Any:
         return self.frames[index]
 
@@ -117,6 +167,18 @@ class Snapshot(tuple):
     def origin(self) -> Optional["Snapshot"]:
         """The snapshot of where the work running this snapshot's code was created."""
         return self._origin
+
+    def chain(self, limit: Optional[int] = None) -> tuple[tuple["Snapshot", ...], int]:
+        """``(origins, dropped)``: this snapshot's origins, newest first, at most ``limit``
+        (default: the installed ``chain_limit``), and how many older hops are not among them."""
+        if limit is None:
+            limit = CHAIN_LIMIT
+        out = []
+        snap = self._origin
+        while snap is not None and len(out) < limit:
+            out.append(snap)
+            snap = snap._origin
+        return tuple(out), self._hops + self._dropped - len(out)
 
     def records(self) -> tuple[FrameRecord, ...]:
         """Plain ``(filename, lineno, name, end_lineno, colno, end_colno)``, outermost first."""
@@ -189,6 +251,8 @@ class Snapshot(tuple):
         return hash(self.records())
 
     def __reduce__(self) -> tuple:
+        if self._origin is None and self._dropped:
+            return (_restore, (self.records(), None, self._dropped))
         return (_restore, (self.records(), self._origin))
 
 
@@ -196,5 +260,43 @@ _tuple_new = tuple.__new__
 _tuple_getitem = tuple.__getitem__
 
 
-def _restore(records: tuple, origin: Optional[Snapshot]) -> Snapshot:
-    return Snapshot._from_records(records, origin)
+def _restore(records: tuple, origin: Optional[Snapshot], dropped: int = 0) -> Snapshot:
+    return Snapshot._from_records(records, origin, dropped)
+
+
+#: Shortened copies made by ``_compacted``: id(snapshot) -> (snapshot, limit, copy).
+#: Holding the snapshot keeps its id from being reused; the cap bounds memory.
+_COMPACTED: dict[int, tuple] = {}
+COMPACTED_CACHE_SIZE = 256
+
+
+def _compacted(snap: Snapshot, limit: int) -> Snapshot:
+    """``snap`` with at most ``limit - 1`` origins below it; the rest counted as dropped.
+
+    Cached: the snapshots taken under one long-chained origin (a worker snapshotting
+    many times) share one shortened copy. The copies share nodes and records.
+    """
+    if snap._hops <= limit - 1:
+        return snap
+    entry = _COMPACTED.get(id(snap))
+    if entry is not None and entry[0] is snap and entry[1] == limit:
+        return entry[2]
+    keep = []
+    s: Optional[Snapshot] = snap
+    while s is not None and len(keep) < limit:
+        keep.append(s)
+        s = s._origin
+    dropped = snap._hops + snap._dropped - (len(keep) - 1)
+    copy: Optional[Snapshot] = None
+    hops = 0
+    for orig in reversed(keep):
+        copy = _tuple_new(Snapshot, (orig._node, orig._lasti, copy, orig._records, dropped << _HOP_BITS | hops))
+        hops += 1
+    assert copy is not None
+    if len(_COMPACTED) >= COMPACTED_CACHE_SIZE:
+        try:
+            del _COMPACTED[next(iter(_COMPACTED))]
+        except (StopIteration, KeyError, RuntimeError):
+            pass
+    _COMPACTED[id(snap)] = (snap, limit, copy)
+    return copy

@@ -1,0 +1,598 @@
+"""Automatic propagation (issue 5): every point names the line that created the work.
+
+Each test checks the *innermost tracked frame* of the reported origin against a marked
+line of this file (``# @name``), so a test fails if the origin points anywhere else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures as cf
+import functools
+import gc
+import inspect
+import json
+import logging
+import multiprocessing
+import operator
+import threading
+import traceback
+from typing import Any, Optional
+
+import pytest
+
+import monstack
+from monstack import _origin, _propagate, _snapshot
+
+# The public names (monstack/__init__.py exports them; fall back while it is being wired).
+origin_of = getattr(monstack, "origin_of", _origin.origin_of)
+current_origin = getattr(monstack, "current_origin", _origin.current_origin)
+format_exception = getattr(monstack, "format_exception", _origin.format_exception)
+
+THIS_FILE = __file__
+with open(__file__, encoding="utf-8") as _f:
+    _SOURCE = _f.read().splitlines()
+
+
+def line_of(marker: str) -> int:
+    """The line number of the line of this file ending in ``# @marker``."""
+    hits = [i + 1 for i, text in enumerate(_SOURCE) if text.rstrip().endswith(f"# @{marker}")]
+    assert len(hits) == 1, f"marker {marker!r} found {len(hits)} times"
+    return hits[0]
+
+
+def innermost(snap: Optional[monstack.Snapshot]) -> tuple[str, int]:
+    assert snap is not None, "no origin"
+    recs = snap.records()
+    assert recs, "origin has no tracked frames"
+    return (recs[-1][0], recs[-1][1])
+
+
+def assert_created_at(snap: Optional[monstack.Snapshot], marker: str) -> None:
+    assert innermost(snap) == (THIS_FILE, line_of(marker)), format_snap(snap)
+
+
+def format_snap(snap: Any) -> str:
+    return snap.format(color=False) if snap is not None else "None"
+
+
+def hop_lines(snap: monstack.Snapshot) -> list[int]:
+    """Innermost line of the origin and of each older hop, newest first."""
+    out = [innermost(snap)[1]]
+    for hop in snap.chain(limit=100)[0]:
+        out.append(innermost(hop)[1])
+    return out
+
+
+@pytest.fixture
+def thread_errors(monkeypatch):
+    """Exceptions that end threads, collected instead of printed (pytest would fail)."""
+    caught: list = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: caught.append(args.exc_value))
+    return caught
+
+
+class Boom(Exception):
+    pass
+
+
+def fail(*args: Any) -> None:
+    raise Boom("failed in the worker")
+
+
+# -- threading ----------------------------------------------------------------------------------
+
+
+def test_thread_start_carries_origin(installed, thread_errors):
+    seen = {}
+
+    def target():
+        seen["origin"] = current_origin()
+        seen["snap"] = monstack.snapshot()
+        fail()
+
+    t = threading.Thread(target=target)
+    t.start()  # @thread-start
+    t.join()
+    assert_created_at(seen["origin"], "thread-start")
+    assert seen["snap"].origin is seen["origin"]
+    (exc,) = thread_errors
+    assert_created_at(origin_of(exc), "thread-start")
+    # What threading.excepthook prints (the default one formats the exception with notes):
+    printed = "".join(traceback.format_exception(exc))
+    assert "Work created at (most recent call last):" in printed
+    assert f'line {line_of("thread-start")}, in test_thread_start_carries_origin' in printed
+
+
+def test_default_threading_excepthook_prints_the_origin(installed, monkeypatch, capsys):
+    hook_args: list = []
+    monkeypatch.setattr(threading, "excepthook", hook_args.append)
+    t = threading.Thread(target=fail, name="dies")
+    t.start()  # @excepthook-start
+    t.join()
+    threading.__excepthook__(hook_args[0])  # what Python does by default
+    err = capsys.readouterr().err
+    assert "Exception in thread dies" in err
+    assert "Work created at (most recent call last):" in err
+    assert f'"{THIS_FILE}", line {line_of("excepthook-start")}, in test_default_threading' in err
+
+
+def test_thread_subclass_run_and_instance_cleanup(installed, thread_errors):
+    class Worker(threading.Thread):
+        def run(self):
+            self.origin = current_origin()
+            fail()
+
+    w = Worker()
+    w.start()  # @subclass-start
+    w.join()
+    assert_created_at(w.origin, "subclass-start")
+    assert_created_at(origin_of(thread_errors[0]), "subclass-start")
+    assert "run" not in w.__dict__, "the per-thread run wrapper was left on the thread"
+
+
+def test_timer_carries_origin(installed, thread_errors):
+    done = threading.Event()
+
+    def later():
+        try:
+            fail()
+        finally:
+            done.set()
+
+    timer = threading.Timer(0.0, later)
+    timer.start()  # @timer-start
+    timer.join()
+    assert done.is_set()
+    assert_created_at(origin_of(thread_errors[0]), "timer-start")
+
+
+def test_thread_started_twice_still_raises_and_leaves_no_wrapper(installed):
+    t = threading.Thread(target=lambda: None)
+    t.start()
+    t.join()
+    with pytest.raises(RuntimeError):
+        t.start()
+    assert "run" not in t.__dict__
+
+
+def test_threading_point_off(thread_errors):
+    monstack.install(propagate=["thread_pool"])
+    seen = {}
+
+    def target():
+        seen["origin"] = current_origin()
+        fail()
+
+    t = threading.Thread(target=target)
+    t.start()
+    t.join()
+    assert seen["origin"] is None
+    assert origin_of(thread_errors[0]) is None
+
+
+# -- concurrent.futures: threads ------------------------------------------------------------------
+
+
+def test_thread_pool_submit(installed):
+    with cf.ThreadPoolExecutor(2) as pool:
+        future = pool.submit(fail, 1)  # @pool-submit
+        with pytest.raises(Boom) as info:
+            future.result()
+        inside = pool.submit(current_origin).result()  # @pool-submit-2
+    assert_created_at(origin_of(info.value), "pool-submit")
+    assert_created_at(inside, "pool-submit-2")
+
+
+def test_thread_pool_map(installed):
+    with cf.ThreadPoolExecutor(2) as pool:
+        with pytest.raises(Boom) as info:
+            list(pool.map(fail, [1, 2]))  # @pool-map
+    assert_created_at(origin_of(info.value), "pool-map")
+
+
+def test_thread_pool_worker_origin_is_reset(installed):
+    """Workers are reused: an origin must not leak into the next, unpropagated job (nor
+    may the worker thread inherit the line whose submit() happened to start it)."""
+    with cf.ThreadPoolExecutor(1) as pool:
+        pool.submit(lambda: None).result()
+        monstack.uninstall()
+        assert pool.submit(current_origin).result() is None
+
+
+# -- concurrent.futures: processes ----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def process_pool():
+    # spawn: fork() from a multi-threaded pytest warns (an error here) on 3.12+.
+    with cf.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        yield pool
+
+
+def test_process_pool_submit(installed, process_pool):
+    future = process_pool.submit(operator.truediv, 1, 0)  # @proc-submit
+    with pytest.raises(ZeroDivisionError) as info:
+        future.result()
+    exc = info.value
+    assert_created_at(origin_of(exc), "proc-submit")
+    # The child attached it before pickling the exception back: the note came along.
+    assert any(n.startswith("Work created at") for n in exc.__notes__)
+
+
+def test_process_pool_map(installed, process_pool):
+    with pytest.raises(ZeroDivisionError) as info:
+        list(process_pool.map(operator.truediv, [1, 2], [1, 0]))  # @proc-map
+    assert_created_at(origin_of(info.value), "proc-map")
+
+
+def test_process_pool_parent_attaches_when_pickling_drops_it(installed, process_pool):
+    # json.JSONDecodeError.__reduce__ rebuilds from (msg, doc, pos): attributes and notes
+    # set in the child are lost on the way back, so the parent attaches the origin.
+    future = process_pool.submit(json.loads, "{")  # @proc-json
+    after_ours = threading.Event()
+    future.add_done_callback(lambda f: after_ours.set())  # runs after monstack's callback
+    assert after_ours.wait(60)
+    exc = future.exception()
+    assert isinstance(exc, json.JSONDecodeError)
+    assert_created_at(origin_of(exc), "proc-json")
+
+
+# -- asyncio ----------------------------------------------------------------------------------------
+
+
+async def afail() -> None:
+    await asyncio.sleep(0)
+    raise Boom("failed in a task")
+
+
+async def report_origin() -> Optional[monstack.Snapshot]:
+    return current_origin()
+
+
+def test_asyncio_create_task(installed):
+    async def main():
+        inside = await asyncio.create_task(report_origin())  # @create-task-2
+        task = asyncio.create_task(afail())  # @create-task
+        with pytest.raises(Boom) as info:
+            await task
+        return inside, info.value
+
+    inside, exc = asyncio.run(main())
+    assert_created_at(inside, "create-task-2")
+    assert_created_at(origin_of(exc), "create-task")
+
+
+def test_asyncio_loop_create_task_and_ensure_future(installed):
+    async def main():
+        loop = asyncio.get_running_loop()
+        t1 = loop.create_task(afail())  # @loop-create-task
+        t2 = asyncio.ensure_future(afail())  # @ensure-future
+        out = []
+        for t in (t1, t2):
+            try:
+                await t
+            except Boom as exc:
+                out.append(exc)
+        return out
+
+    e1, e2 = asyncio.run(main())
+    assert_created_at(origin_of(e1), "loop-create-task")
+    assert_created_at(origin_of(e2), "ensure-future")
+
+
+def test_asyncio_gather(installed):
+    async def main():
+        return await asyncio.gather(report_origin(), afail(), return_exceptions=True)  # @gather
+
+    inside, exc = asyncio.run(main())
+    assert_created_at(inside, "gather")
+    assert_created_at(origin_of(exc), "gather")
+
+
+def test_asyncio_taskgroup(installed):
+    async def main():
+        try:
+            async with asyncio.TaskGroup() as tg:
+                tg.create_task(afail())  # @taskgroup
+        except BaseExceptionGroup as group:  # noqa: F821 (3.11+ builtin)
+            return group
+
+    group = asyncio.run(main())
+    (exc,) = group.exceptions
+    assert_created_at(origin_of(exc), "taskgroup")
+    # The group's default rendering shows the sub-exception's note.
+    assert f"line {line_of('taskgroup')}, in main" in "".join(traceback.format_exception(group))
+
+
+def test_asyncio_never_retrieved_message_shows_origin(installed, caplog):
+    async def main():
+        task = asyncio.create_task(afail())  # @never-retrieved
+        while not task.done():
+            await asyncio.sleep(0)
+        await asyncio.sleep(0)  # let the done callbacks run
+        del task
+        gc.collect()
+
+    with caplog.at_level(logging.ERROR, logger="asyncio"):
+        asyncio.run(main())
+    (record,) = [r for r in caplog.records if "never retrieved" in r.getMessage()]
+    text = "".join(traceback.format_exception(*record.exc_info))
+    assert "Work created at (most recent call last):" in text
+    assert f'"{THIS_FILE}", line {line_of("never-retrieved")}, in main' in text
+
+
+def test_asyncio_composes_with_existing_task_factory(installed):
+    made = []
+
+    def factory(loop, coro, **kwargs):
+        task = asyncio.Task(coro, loop=loop, **kwargs)
+        made.append(task)
+        return task
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        loop.set_task_factory(factory)
+        inside = await asyncio.create_task(report_origin())  # @factory
+        assert loop.get_task_factory() is factory
+        return inside
+
+    inside = asyncio.run(main())
+    assert [t.get_coro().__name__ for t in made].count("report_origin") == 1
+    assert_created_at(inside, "factory")
+
+
+@pytest.mark.skipif(not hasattr(asyncio, "eager_task_factory"), reason="eager tasks are 3.12+")
+def test_asyncio_eager_task_factory(installed):
+    async def fails_at_once():
+        raise Boom("eager")
+
+    async def main():
+        asyncio.get_running_loop().set_task_factory(asyncio.eager_task_factory)
+        inside = await asyncio.create_task(report_origin())  # @eager
+        task = asyncio.create_task(fails_at_once())  # @eager-fail
+        try:
+            await task
+        except Boom as exc:
+            return inside, exc
+
+    inside, exc = asyncio.run(main())
+    assert_created_at(inside, "eager")
+    assert_created_at(origin_of(exc), "eager-fail")
+
+
+def test_asyncio_explicit_context_is_left_alone(installed):
+    import contextvars
+
+    async def main():
+        ctx = contextvars.copy_context()
+        inside = await asyncio.get_running_loop().create_task(report_origin(), context=ctx)
+        return inside, ctx.get(_snapshot.CURRENT_ORIGIN)
+
+    inside, in_ctx = asyncio.run(main())
+    assert inside is None and in_ctx is None
+
+
+def test_asyncio_run_in_executor(installed):
+    async def main():
+        loop = asyncio.get_running_loop()
+        inside = await loop.run_in_executor(None, current_origin)  # @rie
+        try:
+            await loop.run_in_executor(None, fail)  # @rie-fail
+        except Boom as exc:
+            return inside, exc
+
+    inside, exc = asyncio.run(main())
+    assert_created_at(inside, "rie")
+    assert_created_at(origin_of(exc), "rie-fail")
+
+
+def test_asyncio_run_in_executor_without_thread_pool_point():
+    monstack.install(propagate=["asyncio_executor"])
+
+    async def main():
+        return await asyncio.get_running_loop().run_in_executor(None, current_origin)  # @rie-only
+
+    assert_created_at(asyncio.run(main()), "rie-only")
+
+
+def test_asyncio_to_thread(installed):
+    async def main():
+        inside = await asyncio.to_thread(current_origin)  # @to-thread
+        try:
+            await asyncio.to_thread(fail)  # @to-thread-fail
+        except Boom as exc:
+            return inside, exc
+
+    inside, exc = asyncio.run(main())
+    assert_created_at(inside, "to-thread")
+    assert_created_at(origin_of(exc), "to-thread-fail")
+    assert inspect.iscoroutinefunction(asyncio.to_thread)
+
+
+# -- chains and the cap --------------------------------------------------------------------------------
+
+
+def test_chain_across_three_hops(installed, thread_errors):
+    """main starts thread B; B submits to a pool; the job creates an asyncio task that fails."""
+
+    async def job_main():
+        task = asyncio.create_task(afail())  # @hop3
+        await task
+
+    def job():
+        asyncio.run(job_main())
+
+    def thread_b():
+        with cf.ThreadPoolExecutor(1) as pool:
+            pool.submit(job).result()  # @hop2
+
+    t = threading.Thread(target=thread_b)
+    t.start()  # @hop1
+    t.join()
+    (exc,) = thread_errors
+    snap = origin_of(exc)
+    assert hop_lines(snap) == [line_of("hop3"), line_of("hop2"), line_of("hop1")]
+    text = format_exception(exc, color=False)
+    assert text.count("Work created at (most recent call last):") == 1
+    assert text.count("Which ran in work created at (most recent call last):") == 2
+    assert "dropped" not in text
+
+
+def test_endless_resubmission_chain_is_capped():
+    monstack.install(chain_limit=3)
+    total = 40
+    futures: list = []
+    last_started = threading.Event()
+
+    def step(n):
+        if n == total:
+            last_started.set()
+            raise Boom("end of the chain")
+        futures.append(pool.submit(step, n + 1))  # @resubmit
+
+    with cf.ThreadPoolExecutor(1) as pool:  # one worker: job n+1 runs after job n returned
+        pool.submit(step, 0)  # @first-submit
+        assert last_started.wait(30)
+        exc = futures[-1].exception(timeout=30)
+    snap = origin_of(exc)
+    # The job that failed was submitted by job `total - 1`; its chain has `total` origins
+    # below it (one per earlier job, the first submitted from this test).
+    shown, dropped = snap.chain()
+    assert len(shown) == 3
+    assert 1 + len(shown) + dropped == total + 1
+    assert all(innermost(s)[1] == line_of("resubmit") for s in (snap,) + shown)
+    # Memory stays flat: the physical chain is bounded by the cap, not by `total`.
+    n, s = 0, snap
+    while s is not None:
+        n, s = n + 1, s.origin
+    assert n <= 2 * 3
+    text = format_exception(exc, color=False)
+    assert text.count("created at (most recent call last):") == 3
+    assert f"[{total + 1 - 3} more hops dropped (chain_limit=3)]" in text
+
+
+# -- install/uninstall -----------------------------------------------------------------------------------
+
+
+def _targets() -> dict[str, list[tuple[Any, str]]]:
+    import asyncio.base_events
+    import asyncio.threads
+
+    return {
+        "threading": [(threading.Thread, "start")],
+        "thread_pool": [(cf.ThreadPoolExecutor, "submit")],
+        "process_pool": [(cf.ProcessPoolExecutor, "submit")],
+        "asyncio_tasks": [(asyncio.base_events.BaseEventLoop, "create_task")],
+        "asyncio_executor": [
+            (asyncio.base_events.BaseEventLoop, "run_in_executor"),
+            (asyncio.threads, "to_thread"),
+            (asyncio, "to_thread"),
+        ],
+    }
+
+
+def _current(owner: Any, attr: str) -> Any:
+    return owner.__dict__[attr]
+
+
+def test_points_listed_match_patches():
+    assert set(_targets()) == set(_propagate.PROPAGATION_POINTS)
+
+
+def test_uninstall_restores_identical_originals():
+    monstack.uninstall()
+    targets = [t for ts in _targets().values() for t in ts]
+    originals = {t: _current(*t) for t in targets}
+    for _ in range(2):  # and again after a reinstall
+        monstack.install()
+        for t in targets:
+            assert _current(*t) is not originals[t], f"{t} not patched"
+        monstack.uninstall()
+        for t in targets:
+            assert _current(*t) is originals[t], f"{t} not restored"
+    assert _propagate.patched() == []
+    assert _snapshot.CHAIN_LIMIT == _snapshot.DEFAULT_CHAIN_LIMIT
+
+
+@pytest.mark.parametrize("point", _propagate.PROPAGATION_POINTS)
+def test_each_point_switches_alone(point):
+    monstack.uninstall()
+    targets = _targets()
+    originals = {t: _current(*t) for ts in targets.values() for t in ts}
+    monstack.install(propagate=[point])
+    for name, ts in targets.items():
+        for t in ts:
+            assert (_current(*t) is not originals[t]) == (name == point), (name, t)
+    monstack.uninstall()
+    for t, original in originals.items():
+        assert _current(*t) is original
+
+
+def test_propagate_false_patches_nothing():
+    monstack.uninstall()
+    originals = {t: _current(*t) for ts in _targets().values() for t in ts}
+    monstack.install(propagate=False)
+    assert all(_current(*t) is o for t, o in originals.items())
+
+
+def test_bad_propagate_values():
+    with pytest.raises(ValueError, match="threading"):
+        monstack.install(propagate=["threads"])
+    with pytest.raises(ValueError):
+        monstack.install(propagate=3)
+    with pytest.raises(ValueError):
+        monstack.install(chain_limit=0)
+    assert monstack.active_backend() is None
+
+
+def test_patched_over_by_someone_else_then_uninstalled(thread_errors):
+    original = threading.Thread.start
+    monstack.install()
+    ours = threading.Thread.start
+
+    def theirs(self):
+        return ours(self)
+
+    threading.Thread.start = theirs
+    try:
+        monstack.uninstall()
+        assert threading.Thread.start is theirs  # not clobbered
+        seen = {}
+        t = threading.Thread(target=lambda: seen.setdefault("o", current_origin()))
+        t.start()
+        t.join()
+        assert seen["o"] is None  # ours now only calls through
+    finally:
+        threading.Thread.start = original
+
+
+def test_chain_limit_option_sets_cap():
+    monstack.install(chain_limit=5)
+    assert _snapshot.CHAIN_LIMIT == 5
+    monstack.uninstall()
+    assert _snapshot.CHAIN_LIMIT == _snapshot.DEFAULT_CHAIN_LIMIT
+
+
+def test_snapshot_failure_never_breaks_the_host(installed, monkeypatch):
+    def broken():
+        raise RuntimeError("internal")
+
+    monkeypatch.setattr(_propagate, "_snap", broken)
+    with cf.ThreadPoolExecutor(1) as pool:
+        assert pool.submit(operator.add, 1, 2).result() == 3
+    t = threading.Thread(target=lambda: None)
+    t.start()
+    t.join()
+
+    async def main():
+        return await asyncio.create_task(asyncio.sleep(0, "ok"))
+
+    assert asyncio.run(main()) == "ok"
+
+
+def test_partial_with_origin_is_not_wrapped_twice():
+    wrapped = _origin._WithOrigin(len, monstack.snapshot())
+    assert _propagate._has_origin(wrapped)
+    assert _propagate._has_origin(functools.partial(object.__call__, wrapped))
+    assert not _propagate._has_origin(len)
