@@ -186,7 +186,10 @@ def snapshot() -> Snapshot:
             except AttributeError:
                 top = None
             if top is not None and top[0] is code and top[2] != -1:
-                return _new_snapshot(top, frame.f_lasti, _get_origin())
+                origin = _get_origin()
+                if origin is None:  # Snapshot._new inlined for the common case
+                    return _tuple_new(Snapshot, (top, frame.f_lasti, None, None, 0))
+                return _new_snapshot(top, frame.f_lasti, origin)
     state = _state
     try:
         node, lasti = (state.backend if state is not None else _walker()).capture(frame)
@@ -199,6 +202,7 @@ def snapshot() -> Snapshot:
 
 _getframe = sys._getframe
 _new_snapshot = Snapshot._new
+_tuple_new = tuple.__new__
 _get_origin = CURRENT_ORIGIN.get
 
 
