@@ -19,6 +19,7 @@ from ._origin import (
 )
 from ._propagate import PROPAGATION_POINTS
 from ._snapshot import Snapshot
+from ._startup import install_from_env
 
 __version__ = "0.1.0"
 
@@ -31,6 +32,7 @@ __all__ = [
     "current_origin",
     "format_exception",
     "install",
+    "install_from_env",
     "origin",
     "origin_of",
     "print_exception",

@@ -49,7 +49,10 @@ def can_colorize(file: Optional[IO[str]] = None) -> bool:
 
 
 def resolve(color: Optional[bool], file: Optional[IO[str]] = None) -> bool:
-    """``color`` if given, else what :func:`can_colorize` says for ``file``."""
+    """``color`` if given, else ``MONSTACK_COLOR`` if set, else :func:`can_colorize`."""
     if color is None:
-        return can_colorize(file)
+        from ._startup import env_color
+
+        forced = env_color()
+        return can_colorize(file) if forced is None else forced
     return bool(color)

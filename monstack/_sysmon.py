@@ -64,12 +64,20 @@ def _callbacks(policy: Policy, tls, on_error: Callable[[BaseException], None]):
     def seed():
         # Thread not seeded: build from the caller of the frame whose event this is.
         # Frames: 0 seed, 1 callback, 2 the frame of the event, 3 its caller.
-        cell = tls.cell = [build(getframe(3), policy)[0]]
+        try:
+            caller = getframe(3)
+        except ValueError:  # the event's frame is the thread's first (threading bootstrap)
+            caller = None
+        cell = tls.cell = [build(caller, policy)[0]]
         stats["seed"] += 1
         return cell
 
     def resync():
-        tls.cell = [build(getframe(3), policy)[0]]
+        try:
+            caller = getframe(3)
+        except ValueError:  # the event's frame is the thread's first
+            caller = None
+        tls.cell = [build(caller, policy)[0]]
         stats["resync"] += 1
 
     def on_start(code: CodeType, offset: int):

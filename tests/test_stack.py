@@ -439,3 +439,21 @@ def test_oracle_detects_a_wrong_stack(installed, monkeypatch):
     monkeypatch.setattr(stackcheck.monstack, "snapshot", lying_snapshot)
     with pytest.raises(Mismatch):
         check("with a lying snapshot")
+
+
+def test_track_all_threads_whose_first_frame_is_tracked(no_resync):
+    """With track='all' a new thread's first frame (threading's bootstrap) is tracked."""
+    import warnings
+
+    monstack.install(track="all")
+    out = []
+
+    def body():
+        out.append(check("in a thread, track=all"))
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        t = threading.Thread(target=body)
+        t.start()
+        t.join()
+    assert out and monstack.active_backend() is not None

@@ -1,0 +1,223 @@
+"""``python -m monstack run [options] (script.py | -m module) [args...]``.
+
+The program runs in this process, as ``python script.py`` / ``python -m module`` would run
+it (``__main__``, ``sys.argv``, ``sys.path[0]``), with monstack installed first. So its exit
+code and the signals it receives need no forwarding: an uncaught exception exits 1 after
+the usual traceback, ``SystemExit`` and ``KeyboardInterrupt`` behave as under plain
+``python``. The settings go into the environment (``MONSTACK=1`` and ``MONSTACK_*``), so
+child Python processes (``subprocess``, ``multiprocessing`` with spawn) start monstack
+too: through the ``.pth`` hook when monstack is installed in site-packages, otherwise
+through the sitecustomize route put on ``PYTHONPATH``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import runpy
+import sys
+from types import TracebackType
+from typing import Optional, Sequence
+
+from . import _startup
+
+PROG = "python -m monstack run"
+USAGE = f"{PROG} [options] (script.py | -m module) [args ...]"
+BOOT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_boot")
+PTH_NAME = "monstack-startup.pth"
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        usage=USAGE,
+        description="Run a Python program with monstack on (child Python processes too).",
+        epilog="Options after the script or module name go to the program. "
+        "Each option sets the MONSTACK_* variable of the same name for this process and its children.",
+    )
+    for setting in _startup.SETTINGS:
+        if setting.flag is None:
+            continue
+        parser.add_argument(
+            setting.flag,
+            dest=setting.var,
+            metavar="VALUE",
+            action="append" if setting.repeat else "store",
+            help=f"{setting.doc} Valid: {setting.valid}. Sets {setting.var}." + (" Repeatable." if setting.repeat else ""),
+        )
+    parser.add_argument("-m", dest="module", metavar="MODULE", help="run a module as a script (like python -m)")
+    return parser
+
+
+def _option_flags(parser: argparse.ArgumentParser) -> dict[str, bool]:
+    """Option string -> takes a value?"""
+    flags: dict[str, bool] = {}
+    for action in parser._actions:
+        for opt in action.option_strings:
+            flags[opt] = action.nargs != 0
+    return flags
+
+
+def split_argv(argv: Sequence[str], parser: Optional[argparse.ArgumentParser] = None) -> tuple[list[str], Optional[str], Optional[str], list[str]]:
+    """``argv`` -> (monstack options, script, module, program arguments).
+
+    monstack's options end at the first word that is not one of them: the script, ``-m
+    MODULE``, or ``--``. Everything after belongs to the program, untouched.
+    """
+    flags = _option_flags(parser or _parser())
+    argv = list(argv)
+    i = 0
+    while i < len(argv):
+        word = argv[i]
+        if word == "--":
+            if i + 1 >= len(argv):
+                return argv[:i], None, None, []
+            return argv[:i], argv[i + 1], None, argv[i + 2 :]
+        if word == "-m":
+            if i + 1 >= len(argv):
+                return argv[: i + 1], None, None, []  # argparse reports the missing MODULE
+            return argv[:i], None, argv[i + 1], argv[i + 2 :]
+        if word.startswith("-m") and len(word) > 2 and not word.startswith("--"):
+            return argv[:i], None, word[2:], argv[i + 1 :]
+        if word.startswith("-") and word != "-":
+            name = word.split("=", 1)[0]
+            if flags.get(name) and "=" not in word:
+                i += 2
+            else:
+                i += 1  # a flag without a value, or unknown (argparse reports it)
+            continue
+        return argv[:i], word, None, argv[i + 1 :]
+    return argv, None, None, []
+
+
+def configure(options: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, str]:
+    """Validate the options with the same rules as the variables; -> variable: text."""
+    values: dict[str, str] = {}
+    for setting in _startup.SETTINGS:
+        given = getattr(options, setting.var, None) if setting.flag else None
+        if given is None:
+            continue
+        text = ",".join(given) if isinstance(given, list) else given
+        try:
+            setting.parse(text)
+        except _startup.BadValue as exc:
+            parser.error(f"{setting.flag} {text!r}: valid values: {exc.valid}")
+        values[setting.var] = text
+    return values
+
+
+def pth_active() -> bool:
+    """True when a fresh interpreter would run our ``.pth`` line and import this monstack."""
+    try:
+        import site
+
+        dirs = list(site.getsitepackages())
+        if site.ENABLE_USER_SITE:
+            dirs.append(site.getusersitepackages())
+    except Exception:
+        return False
+    package_parent = os.path.normcase(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    for d in dirs:
+        if os.path.isfile(os.path.join(d, PTH_NAME)) and os.path.normcase(os.path.abspath(d)) == package_parent:
+            return True
+    return False
+
+
+def child_environment(values: dict[str, str], environ: Optional[dict] = None) -> None:
+    """Set up ``environ`` (default ``os.environ``) so child Python processes run monstack."""
+    env = os.environ if environ is None else environ
+    _startup.to_environ(values, env)
+    if not pth_active():
+        parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+        if BOOT_DIR not in parts:
+            env["PYTHONPATH"] = os.pathsep.join([BOOT_DIR] + parts)
+
+
+def _script_path(script: str) -> None:
+    """``sys.path[0]`` as ``python script`` sets it, in place of the one ``-m monstack`` set.
+
+    A file: its directory. A directory or zip file: run_path puts it first itself. Under
+    ``-P`` (safe_path) Python adds neither, and ``-m monstack`` added nothing to replace.
+    """
+    if getattr(sys.flags, "safe_path", False) or not sys.path:
+        return
+    if os.path.isfile(script) and not _is_zip(script):
+        sys.path[0] = os.path.dirname(os.path.abspath(script))
+    else:
+        del sys.path[0]
+
+
+def _is_zip(path: str) -> bool:
+    try:
+        import zipfile
+
+        return zipfile.is_zipfile(path)
+    except Exception:
+        return False
+
+
+def _strip_runner(tb: Optional[TracebackType]) -> Optional[TracebackType]:
+    """Drop the frames of this module and runpy from the front of a traceback."""
+    here = os.path.normcase(os.path.abspath(__file__))
+    while tb is not None:
+        frame = tb.tb_frame
+        if frame.f_globals.get("__name__") != "runpy" and os.path.normcase(os.path.abspath(frame.f_code.co_filename)) != here:
+            break  # runpy's code may be frozen ("<frozen runpy>"): recognised by module name
+        tb = tb.tb_next
+    return tb
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Entry point: ``argv`` is everything after ``run``. Returns the exit code (the
+    program's own ``sys.exit`` propagates as ``SystemExit``)."""
+    parser = _parser()
+    if argv is None:
+        argv = sys.argv[1:]
+    own, script, module, program_args = split_argv(argv, parser)
+    options = parser.parse_args(own)
+    if options.module is not None and module is None:
+        module = options.module
+    if script is None and module is None:
+        parser.error("give a script or -m MODULE to run")
+    values = configure(options, parser)
+    if script is not None and not os.path.exists(script):
+        sys.stderr.write(f"{PROG}: can't open file {script!r}: no such file\n")
+        return 2
+    child_environment(values)
+
+    # The program's settings are now in os.environ: start monstack from them, as a child
+    # process would (bad inherited MONSTACK_* values warn and fall back to defaults).
+    _startup.boot(again=True)
+
+    try:
+        if module is not None:
+            sys.argv = [module] + list(program_args)  # run_module puts the file name first
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
+        else:
+            assert script is not None
+            sys.argv = [script] + list(program_args)
+            _script_path(script)
+            runpy.run_path(script, run_name="__main__")
+    except (SystemExit, KeyboardInterrupt):
+        raise  # exit code / death by SIGINT exactly as under plain python
+    except BaseException as exc:
+        tb = _strip_runner(exc.__traceback__)
+        if tb is None and isinstance(exc, ImportError) and module is not None:
+            sys.stderr.write(f"{PROG}: {exc}\n")  # runpy could not find it, as "python -m" says
+            return 1
+        try:
+            exc.with_traceback(tb)  # the hook prints exc.__traceback__, not its tb argument
+        except Exception:
+            pass
+        try:
+            sys.excepthook(type(exc), exc, tb)
+        except Exception:
+            import traceback
+
+            traceback.print_exception(type(exc), exc, tb)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover - ``python -m monstack._run``
+    sys.exit(main())

@@ -1,0 +1,379 @@
+"""Start-up: MONSTACK_* parsing, boot(), the .pth line, the sitecustomize route, and the
+.pth installed by pip into a fresh venv (regular and editable)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+
+import monstack
+from monstack import _install, _startup
+from monstack._install import MonstackWarning
+
+from conftest import expected_backend
+
+REPO = Path(__file__).resolve().parent.parent
+PTH = REPO / "monstack-startup.pth"
+BOOT_DIR = REPO / "monstack" / "_boot"
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """The test's environment without any MONSTACK* variable, plus ``extra``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MONSTACK")}
+    env.pop("PYTHONPATH", None)
+    env.update(extra)
+    return env
+
+
+@pytest.fixture
+def fresh_boot(monkeypatch):
+    """boot() as in a new process: not booted yet, nothing warned yet."""
+    monkeypatch.setattr(_startup, "_booted", [])
+    monkeypatch.setattr(_startup, "_warned", set())
+
+
+# -- parsing -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", ["1", "true", "TRUE", " yes ", "on", "On"])
+def test_true_values_enable(value):
+    config = _startup.read_env({"MONSTACK": value})
+    assert config.enabled and config.problems == []
+
+
+@pytest.mark.parametrize("value", ["", "0", "false", "No", "off", " "])
+def test_false_values_disable_silently(value):
+    config = _startup.read_env({"MONSTACK": value})
+    assert not config.enabled and config.problems == []
+
+
+def test_unknown_monstack_value_is_off_with_a_problem_naming_valid_values():
+    config = _startup.read_env({"MONSTACK": "maybe"})
+    assert not config.enabled
+    [problem] = config.problems
+    assert "MONSTACK='maybe'" in problem and "1/true/yes/on" in problem and "0/false/no/off" in problem
+
+
+def test_every_setting_parses_good_values_into_install_options():
+    config = _startup.read_env(
+        {
+            "MONSTACK": "1",
+            "MONSTACK_BACKEND": "Walk",
+            "MONSTACK_TRACK": "all",
+            "MONSTACK_INCLUDE": f"pkg.a{os.pathsep}/srv/app, pkg.b",
+            "MONSTACK_EXCLUDE": "vendored",
+            "MONSTACK_CHAIN_LIMIT": " 3 ",
+            "MONSTACK_PROPAGATE": "threading,thread_pool",
+            "MONSTACK_COLOR": "never",
+        }
+    )
+    assert config.problems == []
+    assert config.options == {
+        "backend": "walk",
+        "track": "all",
+        "include": ("pkg.a", "/srv/app", "pkg.b"),
+        "exclude": ("vendored",),
+        "chain_limit": 3,
+        "propagate": ("threading", "thread_pool"),
+    }
+    assert config.values["MONSTACK_COLOR"] is False
+
+
+@pytest.mark.parametrize(
+    "var, value, valid",
+    [
+        ("MONSTACK_BACKEND", "fast", "auto, monitoring, evalframe, walk"),
+        ("MONSTACK_TRACK", "everything", "user, all"),
+        ("MONSTACK_CHAIN_LIMIT", "0", "a whole number >= 1"),
+        ("MONSTACK_CHAIN_LIMIT", "many", "a whole number >= 1"),
+        ("MONSTACK_PROPAGATE", "threading,telepathy", "threading, thread_pool"),
+        ("MONSTACK_COLOR", "sometimes", "auto, always"),
+    ],
+)
+def test_bad_value_is_one_problem_naming_variable_and_valid_values(var, value, valid):
+    config = _startup.read_env({"MONSTACK": "1", var: value})
+    [problem] = config.problems
+    assert problem.startswith(f"{var}={value!r} is not valid") and valid in problem
+    assert "using the default" in problem
+    setting = next(s for s in _startup.SETTINGS if s.var == var)
+    assert setting.option not in config.options or setting.option == "backend"
+    assert config.options["backend"] == "auto"  # never left for install() to re-read
+
+
+@pytest.mark.parametrize("value, expected", [("1", True), ("all", True), ("none", False), ("off", False)])
+def test_propagate_switches(value, expected):
+    assert _startup.read_env({"MONSTACK_PROPAGATE": value}).options["propagate"] is expected
+
+
+def test_blank_variables_are_ignored():
+    config = _startup.read_env({"MONSTACK": "1", "MONSTACK_TRACK": "  ", "MONSTACK_INCLUDE": ""})
+    assert config.problems == [] and config.options == {"backend": "auto"}
+
+
+@pytest.mark.parametrize("value, expected", [("always", True), ("NEVER", False), ("auto", None), ("bad", None)])
+def test_env_color(value, expected):
+    assert _startup.env_color({"MONSTACK_COLOR": value}) is expected
+    assert _startup.env_color({}) is None
+
+
+def test_every_setting_documents_itself():
+    names = [s.var for s in _startup.SETTINGS]
+    assert len(set(names)) == len(names)
+    for s in _startup.SETTINGS:
+        assert s.var.startswith("MONSTACK_") and s.valid and s.default and s.doc
+        assert s.flag is None or s.flag.startswith("--")
+
+
+# -- boot() ------------------------------------------------------------------------------
+
+
+def test_boot_installs_with_the_settings(fresh_boot):
+    assert _startup.boot({"MONSTACK": "on", "MONSTACK_TRACK": "all", "MONSTACK_CHAIN_LIMIT": "4"}) == expected_backend()
+    status = monstack.status()
+    assert status["policy"].startswith("track=all")
+    assert _install._state is not None and _install._state.options["chain_limit"] == 4
+
+
+def test_boot_off_installs_nothing_and_says_nothing(fresh_boot):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert _startup.boot({"MONSTACK": "0", "MONSTACK_TRACK": "bogus"}) is None
+    assert monstack.active_backend() is None
+
+
+def test_boot_with_an_unknown_monstack_value_warns_about_it_alone(fresh_boot):
+    with pytest.warns(MonstackWarning) as caught:
+        assert _startup.boot({"MONSTACK": "maybe", "MONSTACK_TRACK": "bogus"}) is None
+    assert [str(w.message).split(" is not valid")[0] for w in caught] == ["monstack: MONSTACK='maybe'"]
+    assert monstack.active_backend() is None
+
+
+def test_boot_bad_value_warns_once_and_uses_the_default(fresh_boot):
+    env = {"MONSTACK": "1", "MONSTACK_TRACK": "everything"}
+    with pytest.warns(MonstackWarning) as caught:
+        assert _startup.boot(env) == expected_backend()
+        _startup.boot(env, again=True)  # the same message is not repeated
+    assert len(caught) == 1
+    message = str(caught[0].message)
+    assert "MONSTACK_TRACK='everything'" in message and "user, all" in message
+    assert monstack.status()["policy"] == "track=user"
+
+
+def test_boot_retries_with_defaults_when_the_requested_backend_cannot_run(fresh_boot):
+    unavailable = "monitoring" if not hasattr(sys, "monitoring") else "evalframe"
+    with pytest.warns(MonstackWarning, match=f"install\\(backend='{unavailable}'\\) failed.*using the defaults"):
+        assert _startup.boot({"MONSTACK": "1", "MONSTACK_BACKEND": unavailable}) == expected_backend()
+
+
+def test_boot_never_raises_when_install_is_broken(fresh_boot, monkeypatch):
+    def broken(**kwargs):
+        raise RuntimeError("half uninstalled")
+
+    monkeypatch.setattr(_install, "install", broken)
+    with pytest.warns(MonstackWarning) as caught:
+        assert _startup.boot({"MONSTACK": "1"}) is None
+    assert "runs without monstack" in str(caught[-1].message)
+    assert monstack.active_backend() is None
+
+
+def test_boot_from_os_environ_runs_once_per_process(fresh_boot, monkeypatch):
+    calls = []
+    monkeypatch.setattr(_startup, "install_config", lambda config: calls.append(config) or "walk")
+    monkeypatch.setenv("MONSTACK", "1")
+    assert _startup.boot() == "walk"
+    assert _startup.boot() == "walk"  # site.py processes a venv's .pth files twice
+    assert len(calls) == 1
+    _startup.boot(again=True)
+    assert len(calls) == 2
+
+
+def test_warn_with_warnings_as_errors_writes_to_stderr(fresh_boot, capsys):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _startup.warn("MONSTACK_X='y' is not valid")
+    assert "MonstackWarning: monstack: MONSTACK_X='y' is not valid" in capsys.readouterr().err
+
+
+# -- the .pth line, in this process ------------------------------------------------------------
+
+
+def pth_line() -> str:
+    return PTH.read_text(encoding="utf-8")
+
+
+def test_pth_file_is_one_import_line():
+    text = pth_line()
+    assert text.count("\n") == 1 and text.endswith("\n")
+    assert text.startswith("import ")  # site.py executes only lines starting with "import"
+    compile(text, "monstack-startup.pth", "exec")
+
+
+@pytest.fixture
+def run_pth(monkeypatch):
+    """Execute the .pth line as site.py does; returns the boot() calls it made."""
+    calls: list[int] = []
+    monkeypatch.setattr(_startup, "boot", lambda: calls.append(1))
+    monkeypatch.delattr(sys, "_monstack_pth", raising=False)
+
+    def run(value: str | None) -> list[int]:
+        if value is None:
+            monkeypatch.delenv("MONSTACK", raising=False)
+        else:
+            monkeypatch.setenv("MONSTACK", value)
+        exec(pth_line(), {})
+        return calls
+
+    yield run
+    if hasattr(sys, "_monstack_pth"):
+        del sys._monstack_pth
+
+
+@pytest.mark.parametrize("value", [None, "", "0", "off"])
+def test_pth_line_does_nothing_when_off(run_pth, value):
+    before = set(sys.modules)
+    assert run_pth(value) == []
+    assert set(sys.modules) == before and not hasattr(sys, "_monstack_pth")
+
+
+def test_pth_line_boots_once(run_pth):
+    assert run_pth("1") == [1]
+    assert run_pth("1") == [1]  # a second pass over the same site directory
+
+
+def test_pth_line_survives_a_missing_package(run_pth, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "monstack._startup", None)  # import raises ImportError
+    assert run_pth("1") == []
+    err = capsys.readouterr().err
+    assert err.startswith("monstack: MONSTACK is set but monstack cannot start (ModuleNotFoundError")
+
+
+# -- the sitecustomize route (one fresh interpreter) -------------------------------------------
+
+
+def test_sitecustomize_route_boots_and_chains_to_the_existing_sitecustomize(tmp_path):
+    user_dir = tmp_path / "user"
+    user_dir.mkdir()
+    (user_dir / "sitecustomize.py").write_text("import os\nos.environ['USER_SITECUSTOMIZE'] = 'ran'\n")
+    code = "import os, monstack; print(monstack.active_backend(), monstack.status().get('policy'), os.environ.get('USER_SITECUSTOMIZE'))"
+    env = clean_env(MONSTACK="1", MONSTACK_TRACK="all", PYTHONPATH=os.pathsep.join([str(BOOT_DIR), str(user_dir)]))
+    # Not from the repo root: the route itself must find the monstack next to it.
+    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == [expected_backend(), "track=all", "ran"]
+    assert out.stderr == ""
+
+
+# -- pip install into a fresh venv (one venv for the module) -------------------------------------
+
+
+def _run(cmd: list[str], env: dict[str, str] | None = None, **kwargs) -> subprocess.CompletedProcess:
+    """No PYTHONPATH and no MONSTACK* from the test run: pip and the venv's python must see
+    only the venv (a PYTHONPATH to the work tree would show pip its egg-info)."""
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env or clean_env(), **kwargs)
+
+
+@pytest.fixture(scope="module")
+def venv(tmp_path_factory):
+    """A fresh venv with setuptools (for --no-build-isolation) and a copy of the sources
+    (building must not write into the shared work tree)."""
+    root = tmp_path_factory.mktemp("pth")
+    src = root / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md", "MANIFEST.in", "_monstack_build.py", "monstack-startup.pth"):
+        if (REPO / name).exists():
+            shutil.copy2(REPO / name, src / name)
+    shutil.copytree(REPO / "monstack", src / "monstack", ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+    env_dir = root / "venv"
+    # The test interpreter's pip drives the venv (``pip --python``, pip >= 22.3): a venv
+    # without its own pip is made in well under a second instead of ~10 s.
+    try:
+        from importlib.metadata import version
+
+        host_pip = tuple(int(p) for p in version("pip").split(".")[:2]) >= (22, 3)
+    except Exception:
+        host_pip = False
+    out = _run([sys.executable, "-m", "venv", *(["--without-pip"] if host_pip else []), str(env_dir)])
+    if out.returncode != 0:
+        pytest.skip(f"python -m venv does not work here: {out.stderr.strip()[-300:]}")
+    python = env_dir / "bin" / "python"
+    if not python.exists():
+        python = env_dir / "Scripts" / "python.exe"
+    if host_pip:
+        pip = [sys.executable, "-m", "pip", "--python", str(python), "--disable-pip-version-check", "-q"]
+    else:
+        pip = [str(python), "-m", "pip", "--disable-pip-version-check", "-q"]
+    out = _run(pip + ["install", "setuptools>=70.1"])
+    if out.returncode != 0:
+        pytest.skip(f"no setuptools>=70.1 for the venv (offline?): {out.stderr.strip()[-300:]}")
+    site = _run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).stdout.strip()
+    return {"python": str(python), "pip": pip, "src": src, "site": Path(site)}
+
+
+def _install_into(venv, *args: str) -> None:
+    out = _run(venv["pip"] + ["install", "--no-deps", "--no-build-isolation", *args, str(venv["src"])])
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def _py(venv, code: str, **env: str) -> subprocess.CompletedProcess:
+    return _run([venv["python"], "-c", code], env=clean_env(**env), cwd=venv["src"].parent)
+
+
+PROBE = "import sys, monstack; print(monstack.active_backend(), monstack.status().get('policy'), monstack.__file__)"
+
+
+def test_pip_install_puts_the_pth_in_site_packages(venv):
+    _install_into(venv)
+    pth = venv["site"] / "monstack-startup.pth"
+    assert pth.read_text() == pth_line()
+    record = next(venv["site"].glob("monstack-*.dist-info")) / "RECORD"
+    assert "monstack-startup.pth," in record.read_text()  # so pip uninstall removes it
+    assert (venv["site"] / "monstack" / "_boot" / "sitecustomize.py").is_file()  # the other route
+
+    # Unset: monstack is not even imported.
+    out = _py(venv, "import sys; print('monstack' in sys.modules)")
+    assert (out.stdout, out.stderr) == ("False\n", "")
+
+    # On, configured by the environment; the script itself is tracked (its snapshot has it).
+    code = PROBE + "; print(len(monstack.snapshot()))"
+    out = _py(venv, code, MONSTACK="yes", MONSTACK_TRACK="all")
+    backend, policy, where, depth = out.stdout.split()
+    assert (backend, policy, out.stderr) == (expected_backend(), "track=all", "")
+    assert where.startswith(str(venv["site"])) and int(depth) >= 1
+
+    # A bad value: exactly one warning naming the variable; defaults; the program runs.
+    out = _py(venv, PROBE, MONSTACK="1", MONSTACK_CHAIN_LIMIT="lots")
+    assert out.returncode == 0 and out.stdout.split()[:2] == [expected_backend(), "track=user"]
+    assert out.stderr.count("MonstackWarning") == 1, out.stderr
+    assert "MONSTACK_CHAIN_LIMIT='lots' is not valid (valid values: a whole number >= 1)" in out.stderr
+
+    # Half uninstalled (the package gone, the .pth left): one line, and the program runs.
+    pkg = venv["site"] / "monstack"
+    pkg.rename(venv["site"] / "monstack.away")
+    try:
+        out = _py(venv, "print('still running')", MONSTACK="1")
+    finally:
+        (venv["site"] / "monstack.away").rename(pkg)
+    assert out.returncode == 0 and out.stdout == "still running\n"
+    assert out.stderr.splitlines() == [
+        "monstack: MONSTACK is set but monstack cannot start (ModuleNotFoundError: No module named 'monstack'); running without it"
+    ]
+
+
+def test_pip_install_editable_puts_the_pth_in_site_packages_and_uninstall_removes_it(venv):
+    _install_into(venv, "-e")
+    pth = venv["site"] / "monstack-startup.pth"
+    assert pth.read_text() == pth_line()
+    out = _py(venv, PROBE, MONSTACK="1")
+    backend, policy, where = out.stdout.split()
+    assert (backend, out.stderr) == (expected_backend(), "")
+    assert where == str(venv["src"] / "monstack" / "__init__.py")  # the editable sources
+
+    out = _run(venv["pip"] + ["uninstall", "-y", "monstack"])
+    assert out.returncode == 0, out.stderr
+    assert not pth.exists()
