@@ -83,8 +83,14 @@ def start(options: dict) -> None:
     try:
         for name in PROPAGATION_POINTS:
             if name in points:
-                _APPLY[name]()
                 _ON.add(name)
+                trigger = _TRIGGERS[name]
+                if trigger in sys.modules:
+                    _APPLY[name]()
+                else:  # patch when the program imports it: install() stays cheap
+                    _PENDING.setdefault(trigger, []).append(name)
+        if _PENDING and _HOOK not in sys.meta_path:
+            sys.meta_path.insert(0, _HOOK)
     except BaseException:
         stop()
         raise
@@ -93,6 +99,11 @@ def start(options: dict) -> None:
 def stop() -> None:
     """Undo every patch ``start`` made: the original objects are put back (identity)."""
     _ON.clear()
+    _PENDING.clear()
+    try:
+        sys.meta_path.remove(_HOOK)
+    except ValueError:
+        pass
     while _PATCHES:
         owner, attr, original, replacement = _PATCHES.pop()
         try:
@@ -356,3 +367,84 @@ _APPLY: dict[str, Callable[[], None]] = {
     "asyncio_tasks": _apply_asyncio_tasks,
     "asyncio_executor": _apply_asyncio_executor,
 }
+
+
+# -- patching modules when they are first imported ---------------------------------------------
+
+#: The module whose import makes each point patchable (the patched class lives there).
+_TRIGGERS: dict[str, str] = {
+    "threading": "threading",
+    "thread_pool": "concurrent.futures.thread",
+    "process_pool": "concurrent.futures.process",
+    "asyncio_tasks": "asyncio",
+    "asyncio_executor": "asyncio",
+}
+#: Trigger module -> points waiting for it to be imported.
+_PENDING: dict[str, list[str]] = {}
+
+
+class _PostImportHook:
+    """A meta path finder that patches a trigger module right after it first executes.
+
+    Importing asyncio or concurrent.futures.process just to patch them would cost a
+    program that never uses them ~100 ms at start-up (``MONSTACK=1``). The finder only
+    answers for pending trigger modules; it wraps their loader for that one import and
+    puts the original loader back on the module afterwards.
+    """
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        if fullname not in _PENDING:
+            return None
+        for finder in sys.meta_path:
+            if finder is self:
+                continue
+            find = getattr(finder, "find_spec", None)
+            if find is None:
+                continue
+            spec = find(fullname, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        loader = spec.loader
+        if loader is not None and hasattr(loader, "exec_module"):
+            spec.loader = _PatchingLoader(loader, fullname)
+        return spec
+
+
+class _PatchingLoader:
+    def __init__(self, loader: Any, name: str) -> None:
+        self._loader = loader
+        self._name = name
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self._loader, attr)
+
+    def create_module(self, spec: Any) -> Any:
+        create = getattr(self._loader, "create_module", None)
+        return create(spec) if create is not None else None
+
+    def exec_module(self, module: Any) -> None:
+        try:
+            spec = module.__spec__
+            if spec is not None and spec.loader is self:
+                spec.loader = self._loader
+            if getattr(module, "__loader__", None) is self:
+                module.__loader__ = self._loader
+        except Exception:
+            pass
+        self._loader.exec_module(module)
+        for name in _PENDING.pop(self._name, ()):
+            if name in _ON:
+                try:
+                    _APPLY[name]()
+                except Exception:  # never break the program's import
+                    pass
+        if not _PENDING:
+            try:
+                sys.meta_path.remove(_HOOK)
+            except ValueError:
+                pass
+
+
+_HOOK = _PostImportHook()

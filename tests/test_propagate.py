@@ -7,6 +7,8 @@ line of this file (``# @name``), so a test fails if the origin points anywhere e
 from __future__ import annotations
 
 import asyncio
+import os
+import sys
 import concurrent.futures as cf
 import functools
 import gc
@@ -596,3 +598,40 @@ def test_partial_with_origin_is_not_wrapped_twice():
     assert _propagate._has_origin(wrapped)
     assert _propagate._has_origin(functools.partial(object.__call__, wrapped))
     assert not _propagate._has_origin(len)
+
+
+def test_install_does_not_import_asyncio_or_process_pools_but_patches_them_on_import():
+    """install() stays cheap at start-up; modules imported later are patched then."""
+    import subprocess
+    import textwrap
+
+    code = textwrap.dedent(
+        """
+        import sys, monstack
+        monstack.install()
+        assert "asyncio" not in sys.modules and "concurrent.futures.process" not in sys.modules
+        import asyncio
+        from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+        from monstack import _propagate
+        names = sorted(a for _o, a, _x in _propagate.patched())
+        assert names.count("submit") == 2 and "create_task" in names and "to_thread" in names, names
+        assert asyncio.__spec__.loader.__class__.__name__ == "SourceFileLoader"
+        async def boom():
+            raise ValueError(1)
+        async def main():
+            task = asyncio.create_task(boom())  # @created
+            try:
+                await task
+            except ValueError as exc:
+                return monstack.origin_of(exc).records()[-1][1]
+        print(asyncio.run(main()))
+        monstack.uninstall()
+        assert not _propagate.patched() and not any(
+            type(f).__name__ == "_PostImportHook" for f in sys.meta_path)
+        """
+    )
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    created = [i for i, line in enumerate(code.splitlines(), 1) if "@created" in line][0]
+    assert out.stdout.strip() == str(created)
