@@ -102,6 +102,16 @@ def uninstall() -> None:
         _uninstall_locked()
 
 
+def disable_fast_path() -> None:
+    """Make every ``snapshot()`` go through ``backend.capture()`` until the next install.
+
+    For backends that learn the shadow stack can no longer be trusted (another tool
+    replaced the eval_frame function) or that have an error to report from ``capture()``.
+    """
+    global _fast
+    _fast = None
+
+
 def _set_fast() -> None:
     global _fast
     state = _state

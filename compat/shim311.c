@@ -1,0 +1,542 @@
+/* monstack's PEP 523 eval_frame shim for CPython 3.11.
+ *
+ * Built by compat/build.py into a position-independent, relocation-free blob
+ * (monstack/_native/). Every external function and object is reached through
+ * `DATA` (struct ms_data, shim311.h), which the loader fills in; the code itself
+ * never names an external symbol.
+ *
+ * What it does, per Python frame evaluated by the interpreter:
+ *   - filtered code (cached decision in co_extra): tail-call _PyEval_EvalFrameDefault;
+ *   - tracked code: push the node (code, top, call-site offset) on this thread's
+ *     shadow stack (monstack._stack.TLS.cell[0]), evaluate, pop.
+ * The shadow stack is the one the Python core reads: TLS.cell is found through the
+ * thread-state dict exactly as _thread._local finds it.
+ *
+ * Invariant checks. A push is trusted without looking further when its tracked
+ * caller is the frame of the innermost live shim activation on this thread and the
+ * stack top is that activation's node. Otherwise (frames that started before
+ * install, generator frames linked in by gen.throw() without being evaluated,
+ * stacks rebuilt from Python) the whole shadow chain is compared with the real
+ * frames (code objects and call-site offsets) and rebuilt from the real frames on
+ * any difference.
+ *
+ * Our own bookkeeping runs with tstate->tracing raised, so Python code it may cause
+ * (the policy callback, finalizers run by a garbage collection) is never tracked
+ * and never re-enters the shim's tracking, exactly as CPython shields its own trace
+ * functions. A pending exception (throw into a generator, an exception leaving the
+ * frame) is saved and restored around anything that could touch it.
+ *
+ * C stack: with an eval_frame set, 3.11 evaluates every Python call in a new C
+ * frame. The shim refuses to start a frame whose C stack pointer is within
+ * DATA.margin bytes of the thread's stack end and raises RecursionError instead of
+ * letting the process crash.
+ */
+#include "shim311.h"
+
+#pragma GCC visibility push(hidden)
+
+struct ms_data DATA __attribute__((section(".bss.ms_data"), aligned(64)));
+
+#define LIKELY(x) __builtin_expect(!!(x), 1)
+#define UNLIKELY(x) __builtin_expect(!!(x), 0)
+
+static inline void ms_incref(PyObject *o) { o->ob_refcnt++; }
+static inline void ms_decref(PyObject *o)
+{
+    if (--o->ob_refcnt == 0) {
+        DATA._Py_Dealloc(o);
+    }
+}
+
+static inline PyObject **list_items(PyObject *list) { return ((PyListObject *)list)->ob_item; }
+static inline PyObject **tuple_items(PyObject *t) { return ((PyTupleObject *)t)->ob_item; }
+
+static inline int is_node(PyObject *o)
+{
+    return Py_TYPE(o) == DATA.tuple_type && Py_SIZE(o) == 3;
+}
+
+/* ---- per-thread records ------------------------------------------------- */
+
+static uintptr_t compute_stack_limit(void)
+{
+    union { char bytes[256]; long double align; } attr;
+    void *addr = 0;
+    size_t size = 0;
+    if (DATA.pthread_getattr_np(DATA.pthread_self(), &attr) != 0) {
+        return 0;
+    }
+    int rc = DATA.pthread_attr_getstack(&attr, &addr, &size);
+    DATA.pthread_attr_destroy(&attr);
+    if (rc != 0 || addr == 0 || size == 0) {
+        return 0;
+    }
+    size_t margin = (size_t)DATA.margin;
+    if (margin > size / 4) {
+        margin = size / 4;
+    }
+    return (uintptr_t)addr + margin;
+}
+
+static __attribute__((noinline)) struct ms_rec *claim_rec(struct ms_rec *r, PyThreadState *ts)
+{
+    DATA.n_rec_claim++;
+    r->ts = ts;
+    r->id = ts->id;
+    r->gen = DATA.gen;
+    r->active_frame = 0;
+    r->active_node = 0;
+    r->tdict = 0;
+    r->stack_limit = compute_stack_limit();
+    return r;
+}
+
+static inline struct ms_rec *get_rec(PyThreadState *ts)
+{
+    uintptr_t h = ((uintptr_t)ts * 0x9E3779B97F4A7C15ULL) >> (64 - MS_REC_BITS);
+    struct ms_rec *r = &DATA.recs[h];
+    if (LIKELY(r->ts == ts && r->id == ts->id)) {
+        if (UNLIKELY(r->gen != DATA.gen)) {
+            r->gen = DATA.gen;
+            r->active_frame = 0;
+            r->active_node = 0;
+            r->tdict = 0;
+        }
+        return r;
+    }
+    return claim_rec(r, ts);
+}
+
+/* ---- shadow stack cell: TLS.cell of this thread, or NULL (not seeded) ----- */
+
+static __attribute__((noinline)) PyObject *lookup_cell(PyThreadState *ts, struct ms_rec *r)
+{
+    PyObject *tdict = ts->dict;
+    r->tdict = 0;
+    if (tdict == 0 || !DATA.enabled) {
+        return 0;
+    }
+    PyObject *dummy = DATA.PyDict_GetItemWithError(tdict, DATA.tls_key);
+    if (dummy == 0 || Py_TYPE(dummy) != DATA.dummy_type) {
+        return 0;
+    }
+    PyObject *ldict = *(PyObject **)((char *)dummy + DATA.off_localdict);
+    PyObject *cell = DATA.PyDict_GetItemWithError(ldict, DATA.str_cell);
+    if (cell == 0 || Py_TYPE(cell) != DATA.list_type || Py_SIZE(cell) < 1) {
+        return 0;
+    }
+    r->tdict = tdict;
+    r->ldict = ldict;
+    r->ldict_version = ((PyDictObject *)ldict)->ma_version_tag;
+    r->cell = cell;
+    return cell;
+}
+
+/* r must be this thread's record (get_rec(ts)), fetched with no call in between that
+ * could have let other code run. */
+static inline PyObject *get_cell_r(PyThreadState *ts, struct ms_rec *r)
+{
+    if (LIKELY(r->tdict != 0 && r->tdict == ts->dict &&
+               ((PyDictObject *)r->ldict)->ma_version_tag == r->ldict_version && DATA.enabled)) {
+        return r->cell;
+    }
+    return lookup_cell(ts, r);
+}
+
+static inline PyObject *get_cell(PyThreadState *ts)
+{
+    return get_cell_r(ts, get_rec(ts));
+}
+
+static inline void cell_set(PyObject *cell, PyObject *value) /* steals value */
+{
+    PyObject **items = list_items(cell);
+    PyObject *old = items[0];
+    items[0] = value;
+    ms_decref(old);
+}
+
+/* ---- tracking decisions, cached per code object in co_extra --------------- */
+
+/* 1 tracked, 0 filtered, -1 not decided in this epoch */
+static inline int cached_decision(PyCodeObject *co)
+{
+    ms_code_extra *ex = (ms_code_extra *)co->co_extra;
+    Py_ssize_t i = (Py_ssize_t)DATA.extra_index;
+    if (ex == 0 || ex->ce_size <= i) {
+        return -1;
+    }
+    uintptr_t v = (uintptr_t)ex->ce_extras[i];
+    if ((int64_t)(v >> 1) != DATA.epoch) {
+        return -1;
+    }
+    return (int)(v & 1);
+}
+
+#define DECIDE_HEADROOM 50
+
+/* Ask the Python policy (tstate->tracing is raised by the caller, and any pending
+ * exception saved). Returns 1/0. The callback never raises an Exception (it records
+ * them); what escapes is a KeyboardInterrupt or other BaseException raised by a signal
+ * handler that ran inside it. With can_raise, that exception is left set and -2
+ * returned: the frame about to start fails with it, as CPython raises a signal
+ * handler's exception at a frame's first instruction. Otherwise it is dropped
+ * (counted in n_errors). A failure counts as "filtered", uncached. */
+static __attribute__((noinline)) int decide_slow(PyThreadState *ts, PyCodeObject *co, PyObject *globals,
+                                                 int can_raise)
+{
+    PyObject *decide = DATA.decide;
+    if (decide == 0) {
+        return 0;
+    }
+    DATA.n_decide++;
+    ms_incref(decide);
+    ts->recursion_remaining += DECIDE_HEADROOM;
+    PyObject *r = DATA.PyObject_CallFunctionObjArgs(decide, (PyObject *)co, globals ? globals : DATA.py_none, (PyObject *)0);
+    ts->recursion_remaining -= DECIDE_HEADROOM;
+    ms_decref(decide);
+    if (r == 0) {
+        if (can_raise) {
+            return -2;
+        }
+        DATA.PyErr_Clear();
+        DATA.n_errors++;
+        return 0;
+    }
+    int out;
+    if (r == DATA.py_true) {
+        out = 1;
+    } else if (r == DATA.py_false) {
+        out = 0;
+    } else {
+        ms_decref(r);
+        return 0;
+    }
+    ms_decref(r);
+    if (DATA._PyCode_SetExtra((PyObject *)co, (Py_ssize_t)DATA.extra_index,
+                              (void *)(uintptr_t)(((uintptr_t)DATA.epoch << 1) | (uintptr_t)out)) < 0) {
+        DATA.PyErr_Clear();
+    }
+    return out;
+}
+
+static inline int frame_incomplete(_PyInterpreterFrame *f)
+{
+    return f->owner != FRAME_OWNED_BY_GENERATOR &&
+           f->prev_instr < _PyCode_CODE(f->f_code) + f->f_code->_co_firsttraceable;
+}
+
+static inline int frame_tracked(PyThreadState *ts, _PyInterpreterFrame *f)
+{
+    int d = cached_decision(f->f_code);
+    if (LIKELY(d >= 0)) {
+        return d;
+    }
+    return decide_slow(ts, f->f_code, f->f_globals, 0);
+}
+
+/* The nearest frame from f outwards that Python would show (complete) and is tracked. */
+static inline _PyInterpreterFrame *next_tracked(PyThreadState *ts, _PyInterpreterFrame *f)
+{
+    while (f != 0 && (frame_incomplete(f) || !frame_tracked(ts, f))) {
+        f = f->previous;
+    }
+    return f;
+}
+
+static inline Py_ssize_t frame_lasti(_PyInterpreterFrame *f)
+{
+    return (Py_ssize_t)(f->prev_instr - _PyCode_CODE(f->f_code)) * (Py_ssize_t)sizeof(_Py_CODEUNIT);
+}
+
+/* A new node (code, parent, lasti); steals parent. NULL on failure (parent released). */
+static PyObject *new_node(PyObject *code, PyObject *parent, Py_ssize_t lasti)
+{
+    PyObject *li;
+    Py_ssize_t half = lasti >> 1;
+    if (LIKELY(lasti >= 0 && (lasti & 1) == 0 && half < (Py_ssize_t)DATA.n_lasti_ints)) {
+        li = DATA.lasti_ints[half]; /* no allocation for the offsets of all but huge functions */
+        ms_incref(li);
+    } else {
+        li = DATA.PyLong_FromSsize_t(lasti);
+    }
+    if (li == 0) {
+        ms_decref(parent);
+        return 0;
+    }
+    PyObject *t = DATA.PyTuple_New(3);
+    if (t == 0) {
+        ms_decref(parent);
+        ms_decref(li);
+        return 0;
+    }
+    ms_incref(code);
+    PyObject **items = tuple_items(t);
+    items[0] = code;
+    items[1] = parent;
+    items[2] = li;
+    return t;
+}
+
+/* Nodes for the tracked frames from c (a tracked frame or NULL) outwards, built from
+ * the real frames. New reference (None for an empty stack), NULL on failure. */
+static __attribute__((noinline)) PyObject *build_chain(PyThreadState *ts, _PyInterpreterFrame *c)
+{
+    _PyInterpreterFrame *small[64];
+    _PyInterpreterFrame **frames = small;
+    Py_ssize_t n = 0, cap = 64;
+    for (_PyInterpreterFrame *f = c; f != 0; f = next_tracked(ts, f->previous)) {
+        if (n == cap) {
+            Py_ssize_t ncap = cap * 2;
+            _PyInterpreterFrame **nf;
+            if (frames == small) {
+                nf = (_PyInterpreterFrame **)DATA.PyMem_Malloc((size_t)ncap * sizeof(*nf));
+                if (nf != 0) {
+                    for (Py_ssize_t i = 0; i < n; i++) {
+                        nf[i] = small[i];
+                    }
+                }
+            } else {
+                nf = (_PyInterpreterFrame **)DATA.PyMem_Realloc(frames, (size_t)ncap * sizeof(*nf));
+            }
+            if (nf == 0) {
+                if (frames != small) {
+                    DATA.PyMem_Free(frames);
+                }
+                return 0;
+            }
+            frames = nf;
+            cap = ncap;
+        }
+        frames[n++] = f;
+    }
+    PyObject *node = DATA.py_none;
+    ms_incref(node);
+    for (Py_ssize_t i = n - 1; i >= 0; i--) {
+        Py_ssize_t lasti = (i + 1 < n) ? frame_lasti(frames[i + 1]) : 0;
+        node = new_node((PyObject *)frames[i]->f_code, node, lasti);
+        if (node == 0) {
+            break;
+        }
+    }
+    if (frames != small) {
+        DATA.PyMem_Free(frames);
+    }
+    return node;
+}
+
+/* Does the shadow chain from `node` describe exactly the tracked real frames from c
+ * outwards (code objects and call sites)? */
+static __attribute__((noinline)) int chain_matches(PyThreadState *ts, PyObject *node, _PyInterpreterFrame *c)
+{
+    for (;;) {
+        if (c == 0) {
+            return node == DATA.py_none;
+        }
+        if (!is_node(node)) {
+            return 0;
+        }
+        PyObject **items = tuple_items(node);
+        if (items[0] != (PyObject *)c->f_code) {
+            return 0;
+        }
+        _PyInterpreterFrame *p = next_tracked(ts, c->previous);
+        Py_ssize_t expected = p ? frame_lasti(p) : 0;
+        if (Py_TYPE(items[2]) != DATA.long_type || DATA.PyLong_AsSsize_t(items[2]) != expected) {
+            return 0;
+        }
+        node = items[1];
+        c = p;
+    }
+}
+
+/* Push the node of `frame`. Returns our new reference to it, or NULL when the frame
+ * is not pushed (internal failure, or monstack was stopped meanwhile). tracing is
+ * raised and no exception is pending. */
+static PyObject *push(PyThreadState *ts, _PyInterpreterFrame *frame, int64_t gen)
+{
+    _PyInterpreterFrame *c = next_tracked(ts, ts->cframe->current_frame);
+    if (DATA.gen != gen) {
+        return 0;
+    }
+    PyObject *cell = get_cell(ts);
+    if (UNLIKELY(cell == 0)) {
+        /* This thread is not seeded yet: build its stack from the real frames. */
+        PyObject *top = build_chain(ts, c);
+        if (top == 0) {
+            goto error;
+        }
+        if (DATA.gen != gen || !DATA.enabled) { /* stopped while the policy ran */
+            ms_decref(top);
+            return 0;
+        }
+        PyObject *newcell = DATA.PyList_New(1);
+        if (newcell == 0) {
+            ms_decref(top);
+            goto error;
+        }
+        list_items(newcell)[0] = top;
+        int rc = DATA.PyObject_SetAttr(DATA.tls, DATA.str_cell, newcell);
+        ms_decref(newcell);
+        if (rc < 0) {
+            goto error;
+        }
+        DATA.n_seed++;
+        cell = get_cell(ts);
+        if (cell == 0 || DATA.gen != gen) {
+            return 0;
+        }
+    } else {
+        struct ms_rec *r = get_rec(ts);
+        PyObject *top = list_items(cell)[0];
+        if (UNLIKELY(c == 0 || c != r->active_frame || top != r->active_node)) {
+            int same = chain_matches(ts, top, c);
+            if (DATA.gen != gen || !DATA.enabled) {
+                return 0;
+            }
+            if (same) {
+                DATA.n_verify++;
+                cell = get_cell(ts); /* the policy may have let other code run */
+                if (cell == 0) {
+                    return 0;
+                }
+            } else {
+                PyObject *fresh = build_chain(ts, c);
+                if (fresh == 0) {
+                    goto error;
+                }
+                cell = DATA.gen == gen ? get_cell(ts) : 0;
+                if (cell == 0) {
+                    ms_decref(fresh);
+                    return 0;
+                }
+                cell_set(cell, fresh);
+                DATA.n_resync++;
+            }
+        }
+    }
+    ms_incref(cell);
+    PyObject *top = list_items(cell)[0];
+    ms_incref(top);
+    PyObject *node = new_node((PyObject *)frame->f_code, top, c ? frame_lasti(c) : 0);
+    if (node == 0) {
+        ms_decref(cell);
+        goto error;
+    }
+    ms_incref(node);
+    cell_set(cell, node);
+    ms_decref(cell);
+    DATA.n_push++;
+    return node;
+error:
+    DATA.PyErr_Clear();
+    DATA.n_errors++;
+    return 0;
+}
+
+static void pop(PyThreadState *ts, PyObject *node, _PyInterpreterFrame *prev_frame,
+                PyObject *prev_node, int64_t gen, int failed)
+{
+    PyObject *et = 0, *ev = 0, *etb = 0;
+    ts->tracing++;
+    if (failed) {
+        DATA.PyErr_Fetch(&et, &ev, &etb);
+    }
+    struct ms_rec *r = get_rec(ts);
+    if (r->gen == gen && r->active_node == node) {
+        r->active_frame = prev_frame;
+        r->active_node = prev_node;
+    }
+    if (DATA.gen == gen) {
+        PyObject *cell = get_cell_r(ts, r);
+        if (cell != 0) {
+            PyObject *parent = tuple_items(node)[1];
+            if (list_items(cell)[0] != parent) {
+                ms_incref(parent);
+                cell_set(cell, parent);
+            }
+        }
+    }
+    ms_decref(node);
+    if (failed) {
+        DATA.PyErr_Restore(et, ev, etb);
+    }
+    ts->tracing--;
+}
+
+static __attribute__((noinline)) PyObject *
+tracked_eval(PyThreadState *ts, _PyInterpreterFrame *frame, int throwflag, int decided)
+{
+    PyObject *et = 0, *ev = 0, *etb = 0;
+    int64_t gen = DATA.gen;
+    PyObject *node = 0;
+    ts->tracing++;
+    if (throwflag) {
+        DATA.PyErr_Fetch(&et, &ev, &etb);
+    }
+    if (decided < 0) {
+        decided = decide_slow(ts, frame->f_code, frame->f_globals, !throwflag);
+        if (decided == -2) { /* a signal handler's exception: this frame raises it */
+            ts->tracing--;
+            return 0;
+        }
+    }
+    if (decided > 0 && DATA.enabled && DATA.gen == gen) {
+        node = push(ts, frame, gen);
+    }
+    if (throwflag) {
+        DATA.PyErr_Restore(et, ev, etb);
+    }
+    ts->tracing--;
+    if (node == 0) {
+        return DATA._PyEval_EvalFrameDefault(ts, frame, throwflag);
+    }
+    struct ms_rec *r = get_rec(ts);
+    _PyInterpreterFrame *prev_frame = r->active_frame;
+    PyObject *prev_node = r->active_node;
+    r->active_frame = frame;
+    r->active_node = node;
+    PyObject *res = DATA._PyEval_EvalFrameDefault(ts, frame, throwflag);
+    pop(ts, node, prev_frame, prev_node, gen, res == 0);
+    return res;
+}
+
+static inline uintptr_t stack_pointer(void)
+{
+    uintptr_t sp;
+#if defined(__x86_64__)
+    __asm__ volatile("mov %%rsp, %0" : "=r"(sp));
+#elif defined(__aarch64__)
+    __asm__ volatile("mov %0, sp" : "=r"(sp));
+#else
+#error "unsupported architecture"
+#endif
+    return sp;
+}
+
+static __attribute__((noinline)) PyObject *stack_exhausted(PyThreadState *ts)
+{
+    (void)ts;
+    DATA.n_stack_refused++;
+    DATA.PyErr_SetString(DATA.exc_recursion,
+                         "maximum recursion depth exceeded (the C stack is nearly exhausted: "
+                         "monstack's eval_frame shim refused to start another Python frame)");
+    return 0;
+}
+
+__attribute__((used, section(".text.ms_entry")))
+PyObject *ms_eval_frame(PyThreadState *ts, _PyInterpreterFrame *frame, int throwflag)
+{
+    if (UNLIKELY(!DATA.enabled || ts->tracing || ts->interp != DATA.interp)) {
+        return DATA._PyEval_EvalFrameDefault(ts, frame, throwflag);
+    }
+    struct ms_rec *r = get_rec(ts);
+    if (UNLIKELY(stack_pointer() < r->stack_limit)) {
+        return stack_exhausted(ts);
+    }
+    int d = cached_decision(frame->f_code);
+    if (d == 0) {
+        return DATA._PyEval_EvalFrameDefault(ts, frame, throwflag);
+    }
+    return tracked_eval(ts, frame, throwflag, d);
+}

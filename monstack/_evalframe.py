@@ -1,0 +1,746 @@
+"""The ``evalframe`` backend: a native PEP 523 eval_frame shim keeps the stacks (CPython 3.11).
+
+CPython 3.11 has no ``sys.monitoring``. This backend installs machine code (built from
+``compat/shim311.c`` by ``compat/build.py`` and stored in ``monstack/_native/``) as the
+interpreter's frame-evaluation function with ``_PyInterpreterState_SetEvalFrameFunc``.
+The shim pushes and pops the nodes of ``monstack._stack`` natively for every frame of
+tracked code; filtered code costs one cached check. No compiler is needed here: the
+code is relocation-free, and every function and object it uses is reached through a
+table this module fills in with ctypes.
+
+Two parts:
+
+- a generic loader (``NativeBlob``): map memory read-write, copy the code, fill the
+  address table and fields, switch the code pages to read+execute (never writable and
+  executable at once); mappings are kept for the life of the process (a thread may
+  still be running the code after uninstall);
+- ``EvalFrameBackend``: checks that this interpreter is one the code was built for
+  (version, architecture, every struct offset the code relies on, probed from real
+  frames and thread states), installs, uninstalls, and notices when another PEP 523
+  user replaces the shim.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dis
+import json
+import os
+import sys
+import threading
+from types import CodeType
+from typing import Any, Callable, Dict, List, Optional
+
+from . import _env, _stack
+from ._policy import Policy
+
+NATIVE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_native")
+META_FILE = os.path.join(NATIVE_DIR, "evalframe311.json")
+
+#: C stack kept in reserve below each thread's stack end (the shim raises
+#: RecursionError instead of starting a Python frame within this distance).
+STACK_MARGIN = 256 * 1024
+
+#: Call-site offsets below 2 * LASTI_INTS get a preallocated int (no allocation per push).
+LASTI_INTS = 2048
+
+#: First 3.11 release whose interpreter calls eval_frame for every Python frame
+#: (3.11.0-3.11.3 skip it for ``__getitem__`` frames: CPython gh-104405).
+MIN_311 = (3, 11, 4)
+
+_PROT_READ, _PROT_WRITE, _PROT_EXEC = 1, 2, 4
+_MAP_PRIVATE, _MAP_ANONYMOUS = 0x02, 0x20
+
+# A private handle on the process's symbols: setting restype/argtypes here does not
+# change ``ctypes.pythonapi`` objects other code may use.
+_api = ctypes.PyDLL(None)
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _fn(lib: Any, name: str, restype: Any, argtypes: list) -> Any:
+    f = getattr(lib, name)
+    f.restype = restype
+    f.argtypes = argtypes
+    return f
+
+
+def _rd_ptr(addr: int) -> int:
+    return ctypes.c_void_p.from_address(addr).value or 0
+
+
+# --------------------------------------------------------------------------------------
+# Generic loader (also meant for other native code, e.g. sys.monitoring callbacks)
+# --------------------------------------------------------------------------------------
+
+
+class ExecMemoryRefused(OSError):
+    """The OS would not give us executable memory (SELinux execmem, PaX, seccomp...)."""
+
+
+def _symbol_address(name: str) -> int:
+    try:
+        return ctypes.cast(getattr(_api, name), ctypes.c_void_p).value or 0
+    except AttributeError:
+        return 0
+
+
+class NativeBlob:
+    """One relocation-free code image mapped into memory, with its data area.
+
+    Layout (decided by the build): ``[code][padding][data]`` where the data area starts
+    ``data_offset`` bytes after the code, on a boundary of ``data_align`` bytes (a
+    multiple of the page size). The code reaches the data PC-relatively, so both must
+    be in one mapping. Code pages end up read+execute; data pages stay read-write.
+    The mapping is never unmapped.
+    """
+
+    #: every mapping ever made, so that nothing can unmap them
+    _mappings: List["NativeBlob"] = []
+
+    def __init__(self, image: bytes, data_offset: int, data_size: int, data_align: int) -> None:
+        page = os.sysconf("SC_PAGE_SIZE")
+        if data_offset % page or data_offset < len(image):
+            raise ValueError(f"data offset {data_offset:#x} is not page aligned after the code")
+        total = -(-(data_offset + data_size) // page) * page
+        mmap = _fn(_libc, "mmap", ctypes.c_void_p,
+                   [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long])
+        base = mmap(None, total, _PROT_READ | _PROT_WRITE, _MAP_PRIVATE | _MAP_ANONYMOUS, -1, 0)
+        if base is None or base == ctypes.c_void_p(-1).value:
+            err = ctypes.get_errno()
+            raise OSError(err, f"mmap of {total} bytes failed: {os.strerror(err)}")
+        NativeBlob._mappings.append(self)
+        self.base: int = base
+        self.size = total
+        self.code_size = len(image)
+        self.data: int = base + data_offset
+        self.data_size = data_size
+        self.executable = False
+        ctypes.memmove(base, image, len(image))
+        self._code_span = -(-len(image) // page) * page
+
+    def make_executable(self) -> None:
+        """Code pages: read+write -> read+execute (the data pages stay read-write)."""
+        err = _mprotect(self.base, self._code_span, _PROT_READ | _PROT_EXEC)
+        if err:
+            raise ExecMemoryRefused(err, f"the OS refused executable memory (mprotect: {os.strerror(err)})")
+        if _env.MACHINE == "aarch64":
+            _clear_icache(self.base, self.base + self.code_size)
+        self.executable = True
+
+    # data area accessors (offsets are relative to the data area)
+    def put_ptr(self, offset: int, value: int) -> None:
+        ctypes.c_void_p.from_address(self.data + offset).value = value
+
+    def put_i64(self, offset: int, value: int) -> None:
+        ctypes.c_int64.from_address(self.data + offset).value = value
+
+    def get_i64(self, offset: int) -> int:
+        return ctypes.c_int64.from_address(self.data + offset).value
+
+    def fill_table(self, table: Dict[str, int], resolve: Callable[[str], int] = _symbol_address) -> None:
+        """Write the address of each named symbol at its offset; a missing one is an error."""
+        for name, offset in table.items():
+            addr = resolve(name)
+            if not addr:
+                raise LookupError(f"symbol {name} not found in this process")
+            self.put_ptr(offset, addr)
+
+
+def _clear_icache(start: int, end: int) -> None:
+    """aarch64: make the instruction cache see the code just copied (libgcc's
+    ``__clear_cache``; Linux also syncs caches when it maps a page executable)."""
+    for name in ("libgcc_s.so.1", None):
+        try:
+            fn = _fn(ctypes.CDLL(name), "__clear_cache", None, [ctypes.c_void_p, ctypes.c_void_p])
+        except (OSError, AttributeError):
+            continue
+        fn(start, end)
+        return
+
+
+def _mprotect_impl(addr: int, size: int, prot: int) -> int:
+    f = _fn(_libc, "mprotect", ctypes.c_int, [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int])
+    if f(addr, size, prot) != 0:
+        return ctypes.get_errno() or 1
+    return 0
+
+
+#: indirection so that tests can simulate an OS that refuses executable memory
+_mprotect = _mprotect_impl
+
+
+# --------------------------------------------------------------------------------------
+# Checking the interpreter against the offsets the code was built with
+# --------------------------------------------------------------------------------------
+
+
+class _SafeMemory:
+    """Reads of this process's memory that fail instead of crashing on a bad address.
+
+    Probing offsets that may be wrong means following pointers that may be garbage:
+    reads go through ``/proc/self/mem`` (an unmapped address is an OSError there);
+    a failed read gives -1, which matches nothing. Without /proc, reads are refused.
+    """
+
+    def __init__(self) -> None:
+        try:
+            self.fd: Optional[int] = os.open("/proc/self/mem", os.O_RDONLY)
+        except OSError:
+            self.fd = None
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+    def bytes(self, addr: int, n: int) -> Optional[bytes]:
+        if self.fd is None or addr <= 0 or addr >= 1 << 63:
+            return None
+        try:
+            data = os.pread(self.fd, n, addr)
+        except (OSError, OverflowError, ValueError):
+            return None
+        return data if len(data) == n else None
+
+    def int(self, addr: int, n: int, signed: bool = False) -> int:
+        data = self.bytes(addr, n)
+        return -1 if data is None else int.from_bytes(data, sys.byteorder, signed=signed)
+
+    def ptr(self, addr: int) -> int:
+        return self.int(addr, 8)
+
+    def i32(self, addr: int) -> int:
+        return self.int(addr, 4, signed=True)
+
+    def i64(self, addr: int) -> int:
+        return self.int(addr, 8, signed=True)
+
+    def u8(self, addr: int) -> int:
+        return self.int(addr, 1)
+
+
+def _probe_interp_offsets(off: Dict[str, int]) -> List[str]:
+    """Compare each struct offset the shim relies on with the running interpreter.
+
+    Every value is checked against something observable from Python (thread-state
+    dict, ids, frame objects, recursion counters, a trace function...). Returns the
+    list of disagreements (empty: all good).
+    """
+    mem = _SafeMemory()
+    if mem.fd is None:
+        return ["cannot read /proc/self/mem to check the interpreter's layout safely"]
+    try:
+        return _probe_with(mem, off)
+    finally:
+        mem.close()
+
+
+def _probe_with(mem: "_SafeMemory", off: Dict[str, int]) -> List[str]:
+    problems: List[str] = []
+    # every read below may follow a wrong offset: fault-tolerant reads only
+    _rd_ptr, _rd_i32, _rd_i64, _rd_u8 = mem.ptr, mem.i32, mem.i64, mem.u8  # noqa: N806
+
+    def check(name: str, ok: bool, detail: str = "") -> None:
+        if not ok:
+            problems.append(f"{name} (offset {off.get(name)}){': ' + detail if detail else ''}")
+
+    ts_get = _fn(_api, "PyThreadState_Get", ctypes.c_void_p, [])
+    interp_get = _fn(_api, "PyInterpreterState_Get", ctypes.c_void_p, [])
+    # c_void_p, not py_object: ctypes treats a py_object result as a new reference,
+    # and this function returns a borrowed one.
+    ts_dict = _fn(_api, "PyThreadState_GetDict", ctypes.c_void_p, [])
+    ts_id = _fn(_api, "PyThreadState_GetID", ctypes.c_uint64, [ctypes.c_void_p])
+    ts = ts_get()
+    interp = interp_get()
+
+    check("ts_interp", _rd_ptr(ts + off["ts_interp"]) == interp)
+    check("ts_dict", _rd_ptr(ts + off["ts_dict"]) == ts_dict())
+    check("ts_id", mem.int(ts + off["ts_id"], 8) == ts_id(ts))
+    check("ts_recursion_limit", _rd_i32(ts + off["ts_recursion_limit"]) == sys.getrecursionlimit())
+
+    def remaining() -> int:
+        return _rd_i32(ts + off["ts_recursion_remaining"])
+
+    def nested() -> int:
+        return remaining()
+
+    outer = remaining()
+    inner = nested()
+    check("ts_recursion_remaining", outer - inner == 1, f"{outer} then {inner} one frame deeper")
+
+    # frames: the probe's own frame and its caller (stable while we read it)
+    me = sys._getframe()
+    caller = me.f_back
+    f_frame = off["frameobj_f_frame"]
+    my_if = _rd_ptr(id(me) + f_frame)
+    check("frameobj_f_frame", my_if != 0 and _rd_ptr(my_if + off["if_frame_obj"]) == id(me))
+    check("if_code", _rd_ptr(my_if + off["if_code"]) == id(me.f_code))
+    check("if_globals", _rd_ptr(my_if + off["if_globals"]) == id(me.f_globals))
+    check("if_owner", _rd_u8(my_if + off["if_owner"]) == 0, "a running function frame must be owned by the thread")
+    cframe = _rd_ptr(ts + off["ts_cframe"])
+    # read inline (os.pread is C): inside a Python helper, the helper's frame would be current
+    try:
+        raw_current = os.pread(mem.fd, 8, cframe + off["cframe_current_frame"]) if 0 < cframe < 1 << 63 else b""
+    except (OSError, OverflowError, ValueError):
+        raw_current = b""
+    current = int.from_bytes(raw_current, sys.byteorder) if len(raw_current) == 8 else -1
+    check("ts_cframe", cframe not in (0, -1))
+    check("cframe_current_frame", current == my_if)
+    if caller is not None:
+        caller_if = _rd_ptr(id(caller) + f_frame)
+        check("if_previous", _rd_ptr(my_if + off["if_previous"]) == caller_if)
+        prev_instr = _rd_ptr(caller_if + off["if_prev_instr"])
+        code_start = id(caller.f_code) + off["co_code_adaptive"]
+        check("if_prev_instr/co_code_adaptive",
+              (prev_instr - code_start) // off["sizeof_codeunit"] * 2 == caller.f_lasti,
+              f"{prev_instr - code_start} vs f_lasti {caller.f_lasti}")
+
+    def gen():
+        yield 1
+
+    g = gen()
+    next(g)
+    gen_if = _rd_ptr(id(g.gi_frame) + f_frame)
+    check("owner_generator", _rd_u8(gen_if + off["if_owner"]) == off["owner_generator"])
+
+    # code objects: adaptive code of a never-run code object is its co_code
+    fresh = compile("x = [i for i in range(3)]\n", "<monstack-probe>", "exec")
+    raw = mem.bytes(id(fresh) + off["co_code_adaptive"], len(fresh.co_code))
+    check("co_code_adaptive", raw == fresh.co_code)
+
+    def outer_fn():
+        a = 1
+
+        def inner_fn():
+            return a
+
+        return inner_fn
+
+    resume = dis.opmap["RESUME"]
+    for code in (outer_fn.__code__, outer_fn().__code__, gen.__code__):
+        ops = code.co_code[::2]
+        expected = ops.index(resume) if resume in ops else -1
+        got = _rd_i32(id(code) + off["co_firsttraceable"])
+        check("co_firsttraceable", got == expected, f"{code.co_name}: {got} != {expected}")
+
+    # plain object layouts
+    lst = [object()]
+    tup = (object(), 2)
+    check("ob_type", _rd_ptr(id(lst) + off["ob_type"]) == id(list))
+    check("ob_refcnt", _rd_i64(id(lst) + off["ob_refcnt"]) == sys.getrefcount(lst) - 1)
+    check("var_ob_size", _rd_i64(id(tup) + off["var_ob_size"]) == 2)
+    check("list_ob_item", _rd_ptr(_rd_ptr(id(lst) + off["list_ob_item"])) == id(lst[0]))
+    check("tuple_ob_item", _rd_ptr(id(tup) + off["tuple_ob_item"]) == id(tup[0]))
+    check("sizeof_codeunit", off["sizeof_codeunit"] == 2)
+    # dict version tags: change on every modification, not on reads
+    dct: Dict[str, int] = {}
+
+    def version() -> int:
+        return mem.int(id(dct) + off["dict_version"], 8)
+
+    v1 = version()
+    dct["a"] = 1
+    v2 = version()
+    _ = dct["a"]
+    v3 = version()
+    dct["a"] = 2
+    v4 = version()
+    check("dict_version", -1 < v1 < v2 == v3 < v4, f"{v1} {v2} {v3} {v4}")
+
+    # tstate->tracing: 1 inside a trace function, 0 outside (in a fresh thread, whose
+    # trace function we may set without disturbing anybody)
+    seen: List[int] = []
+
+    def thread_body() -> None:
+        t = ts_get()
+        seen.append(_rd_i32(t + off["ts_tracing"]))
+
+        def tracer(frame, event, arg):
+            seen.append(_rd_i32(t + off["ts_tracing"]))
+            return None
+
+        sys.settrace(tracer)
+        try:
+            (lambda: None)()
+        finally:
+            sys.settrace(None)
+        seen.append(mem.int(t + off["ts_id"], 8) == ts_id(t))
+
+    th = threading.Thread(target=thread_body, name="monstack-probe")
+    th.start()
+    th.join()
+    check("ts_tracing", seen[:2] == [0, 1], f"read {seen[:2]}")
+    check("ts_id (second thread)", seen[2:] == [True])
+    return problems
+
+
+def _probe_code_extra(off: Dict[str, int], index: int) -> List[str]:
+    set_extra = _fn(_api, "_PyCode_SetExtra", ctypes.c_int, [ctypes.py_object, ctypes.c_ssize_t, ctypes.c_void_p])
+    code = compile("pass", "<monstack-probe-extra>", "exec")
+    if set_extra(code, index, 0x5A5A5A5A) != 0:
+        return ["_PyCode_SetExtra failed"]
+    mem = _SafeMemory()
+    try:
+        ex = mem.ptr(id(code) + off["co_extra"])
+        ok = ex not in (0, -1) and mem.i64(ex) > index and mem.ptr(ex + 8 + 8 * index) == 0x5A5A5A5A
+    finally:
+        mem.close()
+    return [] if ok else [f"co_extra (offset {off['co_extra']}) / its layout"]
+
+
+def _find_tls_key(tls: Any) -> tuple:
+    """(key, dummy type, offset of localdict) of ``tls`` in this thread's state dict.
+
+    ``_thread._local`` keeps, in each thread-state dict, a small "dummy" object that
+    points at the thread's local dict; the shim follows the same path. Found by value:
+    the dummy whose pointer is ``tls.__dict__``.
+    """
+    ldict = tls.__dict__  # creates this thread's dummy if needed
+    addr = _fn(_api, "PyThreadState_GetDict", ctypes.c_void_p, [])()  # borrowed
+    tdict = ctypes.cast(addr, ctypes.py_object).value  # a new, counted reference
+    for key, value in list(tdict.items()):
+        if type(value).__name__ == "_localdummy":
+            for offset in (16,):
+                if _rd_ptr(id(value) + offset) == id(ldict):
+                    return key, type(value), offset
+    raise LookupError("cannot find the thread-local key of monstack's TLS in the thread-state dict")
+
+
+# --------------------------------------------------------------------------------------
+# The backend
+# --------------------------------------------------------------------------------------
+
+
+class _Native:
+    """The loaded shim (one per process), or why it cannot be used."""
+
+    def __init__(self) -> None:
+        self.reason: Optional[str] = None
+        self.blob: Optional[NativeBlob] = None
+        self.meta: Dict[str, Any] = {}
+        self.arch: Dict[str, Any] = {}
+        self.entry = 0
+        self.default = 0
+        self.interp = 0
+        self.extra_index = -1
+        self.gen = 0
+        self.epoch = 0
+        self.keep: tuple = ()  # objects the shim points at, alive for the process
+
+
+_native: Optional[_Native] = None
+_native_lock = threading.Lock()
+
+
+def _static_reason() -> Optional[str]:
+    if not _env.CPYTHON:
+        return f"needs CPython (this is {_env.IMPLEMENTATION})"
+    v = _env.PYVERSION
+    if v[:2] != (3, 11):
+        return f"the eval_frame shim is for CPython 3.11 (this is {v[0]}.{v[1]}.{v[2]})"
+    if v < MIN_311:
+        return (f"CPython {v[0]}.{v[1]}.{v[2]} does not call eval_frame for __getitem__ frames "
+                "(gh-104405, fixed in 3.11.4)")
+    if not _env.LINUX:
+        return f"no shim code for {sys.platform} (Linux only)"
+    if _env.POINTER_BITS != 64:
+        return "no shim code for 32-bit interpreters"
+    if hasattr(sys, "gettotalrefcount"):
+        return "a debug build of CPython (reference-count debugging) is not supported"
+    return None
+
+
+def _load() -> _Native:
+    """Load and check the shim once per process (the result, or the reason, is kept)."""
+    global _native
+    with _native_lock:
+        if _native is not None:
+            return _native
+        nat = _Native()
+        try:
+            nat.reason = _static_reason() or _load_into(nat)
+        except Exception as exc:  # any surprise while probing: refuse, with the reason
+            nat.reason = f"loading the shim failed: {type(exc).__name__}: {exc}"
+        _native = nat
+        return nat
+
+
+def _load_into(nat: _Native) -> Optional[str]:
+    try:
+        with open(META_FILE) as fh:
+            meta = json.load(fh)
+    except OSError as exc:
+        return f"no shim code in this installation ({exc.strerror}: {META_FILE})"
+    arch = meta.get("arches", {}).get(_env.MACHINE)
+    if arch is None:
+        return f"no shim code for {_env.MACHINE} (built for: {', '.join(sorted(meta.get('arches', {})))})"
+    with open(os.path.join(NATIVE_DIR, arch["blob"]), "rb") as fh:
+        image = fh.read()
+    import hashlib
+
+    if hashlib.sha256(image).hexdigest() != arch["sha256"]:
+        return f"{arch['blob']} does not match its recorded checksum"
+    nat.meta, nat.arch = meta, arch
+    off = arch["interp_offsets"]
+    problems = _probe_interp_offsets(off)
+    if problems:
+        return "interpreter layout differs from the one the shim was built for: " + "; ".join(problems)
+    request = _fn(_api, "_PyEval_RequestCodeExtraIndex", ctypes.c_ssize_t, [ctypes.c_void_p])
+    index = request(None)
+    if index < 0:
+        return "no free co_extra index (another tool took them all)"
+    problems = _probe_code_extra(off, index)
+    if problems:
+        return "interpreter layout differs from the one the shim was built for: " + "; ".join(problems)
+    nat.extra_index = index
+    nat.interp = _fn(_api, "PyInterpreterState_Get", ctypes.c_void_p, [])()
+    nat.default = _symbol_address("_PyEval_EvalFrameDefault")
+    mem = _SafeMemory()
+    try:
+        field = mem.ptr(nat.interp + off["interp_eval_frame"])
+    finally:
+        mem.close()
+    if field != 0 and _current_eval(nat) == nat.default:
+        return f"interpreter layout differs: PyInterpreterState.eval_frame (offset {off['interp_eval_frame']})"
+    try:
+        blob = NativeBlob(image, arch["data_offset"], arch["data_size"], arch["data_align"])
+    except OSError as exc:
+        return f"cannot map memory for the shim: {exc}"
+    blob.fill_table(arch["table"])
+    f = arch["fields"]
+    blob.put_i64(arch["magic_offset"], 0x6D6F6E7374616B31)
+    blob.put_ptr(f["py_none"], id(None))
+    blob.put_ptr(f["py_true"], id(True))
+    blob.put_ptr(f["py_false"], id(False))
+    blob.put_ptr(f["exc_recursion"], id(RecursionError))
+    blob.put_ptr(f["list_type"], id(list))
+    blob.put_ptr(f["tuple_type"], id(tuple))
+    blob.put_ptr(f["long_type"], id(int))
+    blob.put_ptr(f["interp"], nat.interp)
+    blob.put_i64(f["extra_index"], index)
+    blob.put_i64(f["margin"], STACK_MARGIN)
+    # call-site offsets as ready-made ints (offsets are even: entry i is the int 2*i)
+    ints = [2 * i for i in range(LASTI_INTS)]
+    array = (ctypes.c_void_p * LASTI_INTS)(*[id(v) for v in ints])
+    nat.keep = (ints, array)
+    blob.put_ptr(f["lasti_ints"], ctypes.addressof(array))
+    blob.put_i64(f["n_lasti_ints"], LASTI_INTS)
+    try:
+        blob.make_executable()
+    except ExecMemoryRefused as exc:
+        return str(exc)
+    nat.blob = blob
+    nat.entry = blob.base + arch["entry"]
+    return None
+
+
+def _current_eval(nat: _Native) -> int:
+    get = _fn(_api, "_PyInterpreterState_GetEvalFrameFunc", ctypes.c_void_p, [ctypes.c_void_p])
+    return get(nat.interp) or 0
+
+
+def _set_eval(nat: _Native, func: int) -> None:
+    set_ = _fn(_api, "_PyInterpreterState_SetEvalFrameFunc", None, [ctypes.c_void_p, ctypes.c_void_p])
+    set_(nat.interp, func)
+
+
+def _foreign_reason(nat: _Native) -> Optional[str]:
+    current = _current_eval(nat)
+    if current in (nat.default, nat.entry):
+        return None
+    return f"another eval_frame function is installed ({current:#x}: e.g. a debugger's frame evaluator or torch.compile)"
+
+
+_atexit_registered = False
+
+
+def _register_atexit() -> None:
+    """Make the shim inert before the interpreter tears modules down.
+
+    The shim reads objects this module keeps alive (the TLS object, its key, the
+    policy callback); interpreter finalisation frees module globals in no set order
+    while Python code (finalisers, daemon threads) may still run. ``atexit`` handlers
+    run before that: the shim then passes every frame straight through.
+    """
+    global _atexit_registered
+    if _atexit_registered:
+        return
+    _atexit_registered = True
+    import atexit
+
+    atexit.register(_at_exit)
+
+
+def _at_exit() -> None:
+    nat = _native
+    if nat is None or nat.blob is None:
+        return
+    f = nat.arch["fields"]
+    nat.blob.put_i64(f["enabled"], 0)
+    nat.gen += 1
+    nat.blob.put_i64(f["gen"], nat.gen)
+    if _current_eval(nat) == nat.entry:
+        _set_eval(nat, nat.default)
+
+
+def _make_decide(policy: Policy, errors: list) -> Callable[[CodeType, Any], Optional[bool]]:
+    """The policy callback the shim calls once per (code object, install).
+
+    Runs with ``tstate->tracing`` raised: nothing it runs is tracked. An Exception is
+    recorded (reported later, outside the shim) and the code counts as filtered for
+    this call only. Anything else (KeyboardInterrupt or another exception raised by a
+    signal handler that happened to run in here) propagates: the shim makes the frame
+    that was starting raise it, which is where CPython would have raised it.
+    """
+    is_tracked = policy.is_tracked
+    from . import _install
+
+    def decide(code: CodeType, globals: Any) -> Optional[bool]:
+        try:
+            name = globals.get("__name__") if type(globals) is dict else None
+            return bool(is_tracked(code, name))
+        except Exception as exc:  # reported from capture(), outside the shim
+            errors.append(exc)
+            _install.disable_fast_path()  # so that the next snapshot reaches capture()
+            return None
+
+    return decide
+
+
+class EvalFrameBackend:
+    """Tracking through a native PEP 523 eval_frame shim (CPython 3.11)."""
+
+    name = "evalframe"
+    tracking = True
+
+    @staticmethod
+    def unavailable() -> Optional[str]:
+        reason = _static_reason()
+        if reason:
+            return reason
+        nat = _load()
+        if nat.reason:
+            return nat.reason
+        return _foreign_reason(nat)
+
+    def __init__(self, policy: Policy, on_error: Callable[[BaseException], None]) -> None:
+        self.policy = policy
+        self.on_error = on_error
+        self._nat: Optional[_Native] = None
+        self._keep: tuple = ()
+        self._errors: list = []
+        self._eval_view: Optional[ctypes.c_void_p] = None
+        self._replaced_by = 0
+        self._warned = False
+
+    def start(self) -> None:
+        why = self.unavailable()
+        if why:
+            raise RuntimeError(f"backend 'evalframe' cannot run here: {why}")
+        nat = _load()
+        blob = nat.blob
+        assert blob is not None
+        f = nat.arch["fields"]
+        _stack.reset_tls()
+        tls = _stack.TLS
+        key, dummy_type, off_localdict = _find_tls_key(tls)
+        decide = _make_decide(self.policy, self._errors)
+        cell = sys.intern("cell")
+        self._keep = (tls, key, dummy_type, decide, cell)
+        blob.put_i64(f["enabled"], 0)
+        nat.gen += 1
+        nat.epoch += 1
+        blob.put_i64(f["gen"], nat.gen)
+        blob.put_i64(f["epoch"], nat.epoch)
+        blob.put_ptr(f["tls"], id(tls))
+        blob.put_ptr(f["tls_key"], id(key))
+        blob.put_ptr(f["dummy_type"], id(dummy_type))
+        blob.put_i64(f["off_localdict"], off_localdict)
+        blob.put_ptr(f["str_cell"], id(cell))
+        blob.put_ptr(f["decide"], id(decide))
+        blob.put_i64(f["enabled"], 1)
+        _register_atexit()
+        _set_eval(nat, nat.entry)
+        off = nat.arch["interp_offsets"]["interp_eval_frame"]
+        view = ctypes.c_void_p.from_address(nat.interp + off)
+        if view.value != nat.entry or _current_eval(nat) != nat.entry:
+            self._disable(nat)
+            _set_eval(nat, nat.default)
+            raise RuntimeError("backend 'evalframe': the interpreter did not take the shim (layout mismatch)")
+        self._nat = nat
+        self._eval_view = view
+
+    def _disable(self, nat: _Native) -> None:
+        blob = nat.blob
+        assert blob is not None
+        f = nat.arch["fields"]
+        blob.put_i64(f["enabled"], 0)
+        nat.gen += 1
+        blob.put_i64(f["gen"], nat.gen)
+        for name in ("tls", "tls_key", "str_cell", "decide"):
+            blob.put_ptr(f[name], 0)
+        self._keep = ()
+
+    def stop(self) -> None:
+        nat = self._nat
+        if nat is None:
+            return
+        self._nat = None
+        self._eval_view = None
+        self._disable(nat)
+        if _current_eval(nat) == nat.entry:
+            _set_eval(nat, nat.default)
+        # else: somebody replaced us; leave their function alone (ours is now inert)
+        _stack.reset_tls()
+
+    def capture(self, frame):
+        view = self._eval_view
+        if view is not None and view.value != self._nat.entry:  # type: ignore[union-attr]
+            return self._replaced(frame)
+        if self._errors:
+            self._report_errors()
+        return _stack.capture(frame, self.policy)
+
+    def _replaced(self, frame):
+        """Another PEP 523 user replaced (or reset) our eval_frame: stacks are stale."""
+        if not self._warned:
+            self._warned = True
+            self._replaced_by = self._eval_view.value or 0  # type: ignore[union-attr]
+            from . import _install
+
+            # snapshot()'s inline fast path trusts the shadow stack: turn it off for
+            # this install (it comes back with the next install)
+            _install.disable_fast_path()
+            _install._warn(
+                "monstack: another tool replaced monstack's eval_frame function "
+                f"({self._replaced_by:#x}); snapshots now walk the real frames (slower). "
+                "Call monstack.uninstall()/install() after that tool is done."
+            )
+        return _stack.build(frame, self.policy)
+
+    def _report_errors(self) -> None:
+        errors, self._errors[:] = list(self._errors), []
+        if errors:
+            self.on_error(errors[0])
+
+    def counters(self) -> Dict[str, int]:
+        nat = _native
+        if nat is None or nat.blob is None:
+            return {}
+        return {name: nat.blob.get_i64(o) for name, o in nat.arch["counters"].items()}
+
+    def describe(self) -> Dict[str, str]:
+        nat = self._nat
+        if nat is None:
+            return {"eval_frame": "not installed"}
+        out = {
+            "eval_frame": f"native shim at {nat.entry:#x} ({_env.MACHINE}, built against CPython "
+                          f"{nat.meta.get('headers')} headers, {nat.arch['compiler']})",
+        }
+        view = self._eval_view
+        if view is not None and view.value != nat.entry:
+            out["eval_frame"] += f"; REPLACED by another function at {(view.value or 0):#x}: snapshots walk frames"
+        c = self.counters()
+        out["shim counters"] = ", ".join(f"{k[2:]}={v}" for k, v in c.items())
+        out["C stack reserve"] = f"{STACK_MARGIN // 1024} KiB per thread"
+        return out

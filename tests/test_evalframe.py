@@ -1,0 +1,837 @@
+"""The CPython 3.11 ``evalframe`` backend: loader, refusals, stored code, and the shim's pitfalls.
+
+The shadow-stack correctness cases of the core (test_stack.py, test_oracle.py...) run
+with this backend automatically on 3.11; this file covers what is specific to it.
+Risky cases (C stack exhaustion, foreign eval_frame functions) run in subprocesses.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import gc
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+import threading
+
+import pytest
+from stackcheck import Mismatch, check, real_records, shadow_records
+
+import monstack
+from monstack import _backend, _env, _install, _stack
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+IS_311 = _env.CPYTHON and sys.version_info[:2] == (3, 11)
+
+pytestmark = pytest.mark.skipif(not IS_311, reason="the eval_frame shim is for CPython 3.11 only")
+
+if IS_311:
+    from monstack import _evalframe
+    from monstack._evalframe import EvalFrameBackend
+else:  # pragma: no cover - collected but skipped
+    _evalframe = None  # type: ignore[assignment]
+
+
+def _available() -> bool:
+    return IS_311 and EvalFrameBackend.unavailable() is None
+
+
+needs_shim = pytest.mark.skipif(not _available(), reason="the shim cannot run here")
+
+
+def run_py(code: str, *args: str, timeout: float = 120, env: dict | None = None) -> subprocess.CompletedProcess:
+    full_env = dict(os.environ)
+    full_env["PYTHONPATH"] = ROOT + os.pathsep + os.path.join(ROOT, "tests") + os.pathsep + full_env.get("PYTHONPATH", "")
+    full_env.pop("MONSTACK_BACKEND", None)
+    if env:
+        full_env.update(env)
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code), *args], capture_output=True,
+                          text=True, timeout=timeout, env=full_env)
+
+
+def counters() -> dict:
+    state = _install._state
+    assert state is not None and state.backend.name == "evalframe"
+    return state.backend.counters()
+
+
+def meta() -> dict:
+    with open(_evalframe.META_FILE) as fh:
+        return json.load(fh)
+
+
+# ---------------------------------------------------------------------------------------
+# chosen automatically, shown by info
+# ---------------------------------------------------------------------------------------
+
+
+@needs_shim
+def test_auto_chooses_evalframe_and_installs_the_shim():
+    assert monstack.install() == "evalframe"
+    assert monstack.active_backend() == "evalframe"
+    nat = _evalframe._native
+    assert _evalframe._current_eval(nat) == nat.entry
+    status = monstack.status()
+    assert "native shim at" in status["eval_frame"]
+    assert "push=" in status["shim counters"]
+    monstack.uninstall()
+    assert _evalframe._current_eval(nat) == nat.default
+
+
+@needs_shim
+def test_info_command_shows_the_backend():
+    out = run_py("import runpy, sys; sys.argv=['monstack', 'info']; runpy.run_module('monstack', run_name='__main__')")
+    assert out.returncode == 0, out.stderr
+    assert "evalframe" in out.stdout
+
+
+# ---------------------------------------------------------------------------------------
+# refusals (each gives a reason; auto falls back to walk)
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "version, expected",
+    [((3, 11, 3), "gh-104405"), ((3, 11, 0), "gh-104405"), ((3, 12, 1), "for CPython 3.11"), ((3, 10, 13), "for CPython 3.11")],
+)
+def test_refuses_other_versions(monkeypatch, version, expected):
+    monkeypatch.setattr(_env, "PYVERSION", version)
+    reason = EvalFrameBackend.unavailable()
+    assert reason is not None and expected in reason
+    cls, why = _backend.choose("auto")
+    assert cls.name == "walk" and expected in why
+
+
+def test_refuses_an_architecture_without_code(monkeypatch):
+    monkeypatch.setattr(_env, "MACHINE", "riscv64")
+    reason = _evalframe._load_into(_evalframe._Native())
+    assert reason is not None and "no shim code for riscv64" in reason
+
+
+def test_refuses_when_the_os_refuses_executable_memory(monkeypatch):
+    monkeypatch.setattr(_evalframe, "_mprotect", lambda addr, size, prot: errno.EACCES)
+    reason = _evalframe._load_into(_evalframe._Native())
+    assert reason is not None and "refused executable memory" in reason
+
+
+def test_install_falls_back_to_walk_with_the_reason(monkeypatch):
+    nat = _evalframe._Native()
+    nat.reason = "the OS refused executable memory (mprotect: Permission denied)"
+    monkeypatch.setattr(_evalframe, "_native", nat)
+    assert monstack.install() == "walk"
+    assert "refused executable memory" in monstack.status()["reason"]
+    monstack.uninstall()
+    with pytest.raises(RuntimeError, match="refused executable memory"):
+        monstack.install(backend="evalframe")
+
+
+def test_refuses_a_corrupted_blob(tmp_path, monkeypatch):
+    for name in os.listdir(_evalframe.NATIVE_DIR):
+        shutil.copy(os.path.join(_evalframe.NATIVE_DIR, name), tmp_path / name)
+    arch = meta()["arches"].get(_env.MACHINE)
+    if arch is None:
+        pytest.skip("no code for this architecture")
+    blob = tmp_path / arch["blob"]
+    data = bytearray(blob.read_bytes())
+    data[10] ^= 0xFF
+    blob.write_bytes(bytes(data))
+    monkeypatch.setattr(_evalframe, "NATIVE_DIR", str(tmp_path))
+    monkeypatch.setattr(_evalframe, "META_FILE", str(tmp_path / "evalframe311.json"))
+    reason = _evalframe._load_into(_evalframe._Native())
+    assert reason is not None and "checksum" in reason
+
+
+def test_probe_accepts_the_real_offsets():
+    arch = meta()["arches"][_env.MACHINE]
+    assert _evalframe._probe_interp_offsets(arch["interp_offsets"]) == []
+
+
+def test_every_wrong_offset_is_detected():
+    """Each struct offset the shim relies on, shifted, must make the probe refuse."""
+    code = """
+        import json, sys
+        from monstack import _evalframe, _env
+        arch = json.load(open(_evalframe.META_FILE))["arches"][_env.MACHINE]
+        off = arch["interp_offsets"]
+        import ctypes
+        idx = _evalframe._fn(_evalframe._api, "_PyEval_RequestCodeExtraIndex", ctypes.c_ssize_t, [ctypes.c_void_p])(None)
+        assert _evalframe._probe_code_extra(off, idx) == []
+        missed = []
+        for name in sorted(off):
+            if name == "interp_eval_frame":
+                continue  # checked at load and install time (see test below)
+            bad = dict(off)
+            bad[name] = off[name] + (1 if name in ("owner_generator", "if_owner", "sizeof_codeunit") else 8)
+            if not (_evalframe._probe_interp_offsets(bad) + _evalframe._probe_code_extra(bad, idx)):
+                missed.append(name)
+        print("MISSED", missed)
+    """
+    out = run_py(code)
+    assert out.returncode == 0, out.stderr
+    assert "MISSED []" in out.stdout, out.stdout
+
+
+# ---------------------------------------------------------------------------------------
+# the stored machine code
+# ---------------------------------------------------------------------------------------
+
+
+def test_stored_blobs_match_their_checksums_and_metadata():
+    m = meta()
+    assert m["python"] == "3.11" and m["arches"], m
+    assert "x86_64" in m["arches"]
+    for arch, info in m["arches"].items():
+        with open(os.path.join(_evalframe.NATIVE_DIR, info["blob"]), "rb") as fh:
+            data = fh.read()
+        assert hashlib.sha256(data).hexdigest() == info["sha256"], arch
+        assert len(data) == info["code_size"] <= info["data_offset"]
+        assert info["data_offset"] % 65536 == 0
+        assert set(info["table"]) >= {"_PyEval_EvalFrameDefault", "PyTuple_New", "_Py_Dealloc"}
+
+
+def test_stored_sources_digest_matches_compat_sources():
+    """The stored code was built from the C source in compat/ as it is now."""
+    sys.path.insert(0, os.path.join(ROOT, "compat"))
+    try:
+        import build  # type: ignore[import-not-found]
+    finally:
+        sys.path.pop(0)
+    assert meta()["sources_sha256"] == build.sources_digest(), "compat/ changed: run python compat/build.py"
+
+
+def _compiler_matches(arch: str) -> str | None:
+    sys.path.insert(0, os.path.join(ROOT, "compat"))
+    try:
+        import build  # type: ignore[import-not-found]
+    finally:
+        sys.path.pop(0)
+    cc = build.find_cc(arch)
+    if cc is None:
+        return f"no compiler for {arch}"
+    if build.cc_version(cc) != meta()["arches"][arch]["compiler"]:
+        return f"{cc} is not the compiler the stored code was built with"
+    try:
+        build.find_include()
+    except build.BuildError as exc:
+        return str(exc)
+    return None
+
+
+@pytest.mark.parametrize("arch", ["x86_64", "aarch64"])
+def test_stored_code_is_reproducible(arch):
+    if arch not in meta()["arches"]:
+        pytest.skip(f"no stored code for {arch}")
+    why = _compiler_matches(arch)
+    if why:
+        pytest.skip(why)
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "compat", "build.py"), "--check", "--arch", arch],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert f"{arch}: identical" in out.stdout
+
+
+@needs_shim
+def test_code_pages_are_never_writable_and_executable():
+    monstack.install()
+    blob = _evalframe._native.blob
+    maps = _maps()
+    perms = {}
+    for line in maps:
+        lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+        if lo < blob.base + blob.size and hi > blob.base:
+            perms[lo] = line.split()[1]
+    assert perms[blob.base].startswith("r-x"), perms
+    assert any(p.startswith("rw-") for p in perms.values()), perms
+    assert not any("w" in p and "x" in p for p in perms.values()), perms
+    monstack.uninstall()
+    # never unmapped
+    assert any(line.startswith(f"{blob.base:x}-") for line in _maps())
+
+
+def _maps() -> list:
+    with open("/proc/self/maps") as fh:
+        return fh.read().splitlines()
+
+
+# ---------------------------------------------------------------------------------------
+# other PEP 523 users
+# ---------------------------------------------------------------------------------------
+
+FOREIGN = """
+    import ctypes, json, os
+    from monstack import _evalframe, _env
+    # A "foreign" eval_frame: a second, inert copy of our own shim (it passes every
+    # frame to _PyEval_EvalFrameDefault), installed the way another tool would.
+    nat = _evalframe._load()
+    assert nat.reason is None, nat.reason
+    arch = nat.arch
+    image = open(os.path.join(_evalframe.NATIVE_DIR, arch["blob"]), "rb").read()
+    other = _evalframe.NativeBlob(image, arch["data_offset"], arch["data_size"], arch["data_align"])
+    other.fill_table(arch["table"])
+    other.put_ptr(arch["fields"]["interp"], nat.interp)
+    other.make_executable()
+    FOREIGN = other.base + arch["entry"]
+    def set_foreign():
+        _evalframe._set_eval(nat, FOREIGN)
+    def reset():
+        _evalframe._set_eval(nat, nat.default)
+"""
+
+
+@needs_shim
+def test_refuses_to_install_over_a_foreign_eval_frame():
+    code = FOREIGN + """
+    import monstack
+    set_foreign()
+    reason = _evalframe.EvalFrameBackend.unavailable()
+    print("REASON", reason)
+    print("BACKEND", monstack.install())
+    print("KEPT", _evalframe._current_eval(nat) == FOREIGN)
+    monstack.uninstall()
+    print("STILL", _evalframe._current_eval(nat) == FOREIGN)
+    reset()
+    print("AFTER", monstack.install())
+    """
+    out = run_py(code)
+    assert out.returncode == 0, out.stderr
+    assert "REASON another eval_frame function is installed" in out.stdout
+    assert "BACKEND walk" in out.stdout and "KEPT True" in out.stdout and "STILL True" in out.stdout
+    assert "AFTER evalframe" in out.stdout
+
+
+@needs_shim
+def test_foreign_eval_frame_replacing_ours_is_detected_with_one_warning():
+    code = FOREIGN + """
+    import sys, warnings
+    import monstack
+    from stackcheck import check
+    warnings.simplefilter("always")
+    assert monstack.install() == "evalframe"
+    def a():
+        return b()
+    def b():
+        return check("after replacement")
+    a()
+    set_foreign()
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            a()          # still correct: snapshots walk the real frames
+    print("WARNINGS", len([w for w in rec if issubclass(w.category, monstack.MonstackWarning)]))
+    print("MESSAGE", rec[0].message if rec else None)
+    print("INFO", monstack.status()["eval_frame"])
+    monstack.uninstall()
+    print("LEFT_ALONE", _evalframe._current_eval(nat) == FOREIGN)
+    reset()
+    """
+    out = run_py(code)
+    assert out.returncode == 0, out.stderr
+    assert "WARNINGS 1" in out.stdout, out.stdout
+    assert "replaced monstack's eval_frame" in out.stdout
+    assert "REPLACED by another function" in out.stdout
+    assert "LEFT_ALONE True" in out.stdout
+
+
+# ---------------------------------------------------------------------------------------
+# the issue's pitfalls
+# ---------------------------------------------------------------------------------------
+
+
+@needs_shim
+def test_throw_into_a_delegating_yield_from_chain_resyncs(installed):
+    assert installed == "evalframe"
+    seen = []
+
+    def leaf():
+        try:
+            yield "a"
+        except KeyError:
+            seen.append(check("leaf handler"))
+            yield "handled"
+
+    def middle():
+        return (yield from leaf())
+
+    def outer():
+        yield from middle()
+
+    g = outer()
+    assert next(g) == "a"
+    before = counters()
+    assert g.throw(KeyError("k")) == "handled"
+    after = counters()
+    assert seen and seen[0] == len(real_records()) + 4  # outer, middle, leaf, check
+    # the delegating frames were linked without being evaluated: the shim noticed
+    assert after["n_resync"] + after["n_verify"] > before["n_resync"] + before["n_verify"]
+    check("after throw")
+
+
+@needs_shim
+def test_throw_into_awaiting_coroutines(installed):
+    seen = []
+
+    class Boom(Exception):
+        pass
+
+    class Step:
+        def __await__(self):
+            yield "step"
+
+    async def inner():
+        try:
+            await Step()
+        except Boom:
+            seen.append(check("inner handler"))
+            raise ValueError("converted")
+
+    async def mid():
+        try:
+            await inner()
+        except ValueError:
+            seen.append(check("mid handler"))
+            return "done"
+
+    c = mid()
+    assert c.send(None) == "step"
+    with pytest.raises(StopIteration) as info:
+        c.throw(Boom())
+    assert info.value.value == "done" and len(seen) == 2
+    check("after")
+
+
+@needs_shim
+def test_generator_stress_against_the_real_stack(installed):
+    """Many generators delegating, thrown into, closed, resumed from varying depths."""
+    import random
+
+    rnd = random.Random(4)
+    mismatches = []
+
+    def leaf(n):
+        for i in range(n):
+            try:
+                yield i
+            except ValueError:
+                check("leaf caught")
+        check("leaf done")
+
+    def mid(n):
+        try:
+            yield from leaf(n)
+        except KeyError:
+            check("mid caught")
+        check("mid done")
+
+    def top(n):
+        yield from mid(n)
+
+    def at_depth(d, fn):
+        if d:
+            return at_depth(d - 1, fn)
+        return fn()
+
+    for _ in range(300):
+        g = top(rnd.randint(1, 4))
+        try:
+            at_depth(rnd.randint(0, 5), lambda: next(g))
+            for _ in range(rnd.randint(0, 5)):
+                op = rnd.choice(("next", "throwV", "throwK", "close"))
+                if op == "next":
+                    at_depth(rnd.randint(0, 5), lambda: next(g))
+                elif op == "throwV":
+                    at_depth(rnd.randint(0, 5), lambda: g.throw(ValueError()))
+                elif op == "throwK":
+                    at_depth(rnd.randint(0, 5), lambda: g.throw(KeyError()))
+                else:
+                    g.close()
+        except (StopIteration, ValueError, KeyError, RuntimeError):
+            pass  # exceptions thrown into exhausted/closed generators come back out
+        except Mismatch as exc:
+            mismatches.append(exc)
+        check("between")
+    assert not mismatches, mismatches[0]
+
+
+@needs_shim
+def test_pending_exception_is_preserved_across_the_pop(installed):
+    class Marker(Exception):
+        pass
+
+    marker = Marker("m")
+
+    def raiser():
+        raise marker
+
+    def middle():
+        try:
+            raiser()
+        finally:
+            check("finally while unwinding")  # calls tracked code with the exception pending
+
+    with pytest.raises(Marker) as info:
+        middle()
+    assert info.value is marker
+    names = []
+    tb = info.value.__traceback__
+    while tb is not None:
+        names.append(tb.tb_frame.f_code.co_name)
+        tb = tb.tb_next
+    assert names[-2:] == ["middle", "raiser"]
+    assert info.value.__context__ is None
+    check("after")
+
+
+@needs_shim
+def test_throwflag_with_an_undecided_code_object_keeps_the_thrown_exception():
+    """gen.throw() into code the shim has not decided yet (a new install): the policy
+    runs while the thrown exception is pending; the generator must receive it intact."""
+
+    def gen():
+        try:
+            yield 1
+        except LookupError as exc:
+            yield ("caught", exc, check("gen handler"))
+
+    g = gen()
+    monstack.install(track="all")
+    assert next(g) == 1
+    monstack.uninstall()
+    monstack.install(track="user")  # new epoch: gen's code is undecided again
+    decided = counters()["n_decide"]
+    exc = LookupError("thrown")
+    kind, got, depth = g.throw(exc)
+    assert kind == "caught" and got is exc and depth >= 1
+    assert counters()["n_decide"] > decided
+
+
+@needs_shim
+def test_policy_callback_runs_untracked_with_tracing_raised(monkeypatch):
+    """The shim's own Python (the policy) runs with tstate->tracing raised: never tracked,
+    never re-entering the shim's tracking."""
+    from monstack._policy import Policy
+
+    monstack.install()
+    off = _evalframe._native.arch["interp_offsets"]
+    monstack.uninstall()
+    ts_get = _evalframe._fn(_evalframe._api, "PyThreadState_Get", ctypes.c_void_p, [])
+    seen = []
+    real = Policy.is_tracked
+
+    def spy(self, code, module=None):
+        ts = ts_get()
+        seen.append((code.co_filename, ctypes.c_int.from_address(ts + off["ts_tracing"]).value))
+        return real(self, code, module)
+
+    monkeypatch.setattr(Policy, "is_tracked", spy)
+    monstack.install()
+    pushes = counters()["n_push"]
+    exec(compile("def fresh():\n    return 1\nfresh()\n", "/tmp/monstack_fresh_module.py", "exec"), {})
+    mine = [t for f, t in seen if f == "/tmp/monstack_fresh_module.py"]
+    assert mine and all(t >= 1 for t in mine), seen
+    assert counters()["n_push"] - pushes >= 2  # <module> and fresh() were pushed
+    # the spy's own frames (tracked code in this file) were not pushed: the stack is right
+    check("after")
+
+
+def test_c_stack_exhaustion_becomes_recursion_error():
+    """A huge recursion limit: without the guard the C stack would overflow (segfault)."""
+    code = """
+        import sys, threading, monstack
+        from monstack import _install
+        assert monstack.install(track="all") == "evalframe"
+        sys.setrecursionlimit(1_000_000)
+        def probe():
+            depth = [0]
+            def r(n):
+                depth[0] = n
+                r(n + 1)
+            try:
+                r(0)
+            except RecursionError as exc:
+                return depth[0], str(exc)
+        d, msg = probe()
+        print("MAIN", d, "C stack" in msg)
+        out = []
+        threading.stack_size(1 << 20)
+        t = threading.Thread(target=lambda: out.append(probe()))
+        t.start(); t.join()
+        print("THREAD", out[0][0], "C stack" in out[0][1])
+        from stackcheck import check
+        print("CHECK", check("after") >= 1)
+        print("REFUSED", _install._state.backend.counters()["n_stack_refused"])
+    """
+    if not _available():
+        pytest.skip("the shim cannot run here")
+    out = run_py(code)
+    assert out.returncode == 0, (out.returncode, out.stderr[-2000:])
+    m = re.search(r"MAIN (\d+) True", out.stdout)
+    assert m and 2000 < int(m.group(1)) < 1_000_000, out.stdout
+    t = re.search(r"THREAD (\d+) True", out.stdout)
+    assert t and 100 < int(t.group(1)) < int(m.group(1)), out.stdout
+    assert "CHECK True" in out.stdout and "REFUSED 2" in out.stdout
+
+
+@needs_shim
+def test_recursion_limit_error_is_the_users_not_the_policys():
+    """At depth limit-1, calling never-seen code gives the RecursionError one would get
+    without monstack, raised in the user's frame (the policy runs with headroom)."""
+    code = """
+        import sys, monstack
+        def measure():
+            depth = [0]
+            def r(n):
+                depth[0] = n
+                r(n + 1)
+            try:
+                r(0)
+            except RecursionError as exc:
+                return depth[0], exc.__traceback__.tb_next is not None
+        sys.setrecursionlimit(500)
+        base = measure()
+        monstack.install(track="all")
+        assert monstack.active_backend() == "evalframe"
+        fresh = {}
+        exec("def r2(n):\\n    return r2(n + 1)\\n", fresh)
+        try:
+            fresh["r2"](0)
+        except RecursionError as exc:
+            tb = exc.__traceback__
+            while tb.tb_next: tb = tb.tb_next
+            print("WHERE", tb.tb_frame.f_code.co_name)
+        print("SAME", measure() == base)
+    """
+    out = run_py(code)
+    assert out.returncode == 0, out.stderr
+    assert "WHERE r2" in out.stdout and "SAME True" in out.stdout, out.stdout
+
+
+@needs_shim
+def test_uninstall_reinstall_cycles_with_threads_running():
+    stop = threading.Event()
+    errors = []
+
+    def worker():
+        def rec(n):
+            if n:
+                return rec(n - 1)
+            return sum(x for x in range(3))
+
+        while not stop.is_set():
+            try:
+                rec(10)
+                if monstack.active_backend() == "evalframe":
+                    check("worker")
+            except BaseException as exc:  # noqa: BLE001
+                errors.append(exc)
+                return
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for t in threads:
+        t.start()
+    try:
+        for i in range(30):
+            # one policy throughout: the workers' oracle reads the current policy, and a
+            # policy change between their snapshot and their oracle would be the test's race
+            assert monstack.install(include=[f"no_such_module_{i}"]) == "evalframe"
+            check(f"cycle {i}")
+            monstack.uninstall()
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    assert not errors, errors[0]
+
+
+@needs_shim
+def test_many_short_threads_reuse_thread_states(installed):
+    """Thread states are reused at the same address by new threads: records are keyed
+    by (address, thread id), so no thread sees another's stack."""
+    results = []
+
+    def body(i):
+        def f(n):
+            return f(n - 1) if n else (shadow_records(monstack.snapshot()) == real_records())
+
+        results.append(f(i % 7))
+
+    for batch in range(20):
+        threads = [threading.Thread(target=body, args=(batch * 5 + k,)) for k in range(5)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert results == [True] * 100
+
+
+@needs_shim
+def test_thread_running_before_install_is_seeded_natively():
+    ready = threading.Event()
+    go = threading.Event()
+    out = []
+
+    def deep(n):
+        if n:
+            return deep(n - 1)
+        ready.set()
+        go.wait()
+        out.append(check("seeded thread"))
+        leaf()
+        return None
+
+    def leaf():
+        out.append(check("leaf in seeded thread"))
+
+    t = threading.Thread(target=deep, args=(12,))
+    t.start()
+    ready.wait()
+    monstack.install()
+    go.set()
+    t.join()
+    assert len(out) == 2 and out[1] == out[0] + 1
+
+
+@needs_shim
+def test_no_frames_kept_alive_by_the_shim(installed):
+    import weakref
+
+    class Local:
+        pass
+
+    refs = []
+
+    def work():
+        obj = Local()
+        refs.append(weakref.ref(obj))
+        check("work")
+
+    for _ in range(10):
+        work()
+    gc.collect()
+    assert all(r() is None for r in refs)
+    node = _stack.get_cell()[0]
+    while node is not None:
+        assert isinstance(node[0], type(work.__code__)) and len(node) == 3
+        node = node[1]
+
+
+@needs_shim
+def test_filtered_code_is_not_pushed(tmp_path):
+    mod = tmp_path / "filtered_mod.py"
+    mod.write_text("def call(fn):\n    return fn()\n")
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("filtered_mod", mod)
+    m = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(m)
+    monstack.install(exclude=[str(tmp_path) + os.sep])
+
+    def leaf():
+        return 1
+
+    def pushes_of(fn) -> int:
+        before = counters()["n_push"]
+        fn()
+        return counters()["n_push"] - before
+
+    m.call(leaf)  # decide everything once
+    assert pushes_of(lambda: m.call(leaf)) == pushes_of(lambda: leaf())  # filtered_mod.call: no push
+    depth = m.call(lambda: check("called back through filtered code"))
+    assert depth == len(real_records()) + 2  # the lambda and check()
+
+
+@needs_shim
+def test_sub_interpreters_do_not_crash(installed):
+    si = pytest.importorskip("_xxsubinterpreters")
+    interp = si.create()
+    try:
+        si.run_string(interp, "def f(n):\n    return f(n - 1) if n else 0\nf(50)\nimport threading\n")
+    finally:
+        si.destroy(interp)
+    check("after a sub-interpreter ran")
+
+
+@needs_shim
+def test_keyboard_interrupt_in_the_policy_callback_reaches_user_code(monkeypatch):
+    """A signal handled while the shim's policy callback runs is delivered again, to
+    user code, instead of being swallowed."""
+    from monstack._policy import Policy
+
+    real = Policy.is_tracked
+    armed = {"on": True}
+
+    def interrupted(self, code, module=None):
+        if armed["on"] and code.co_filename == "/tmp/monstack_interrupted.py":
+            armed["on"] = False
+            raise KeyboardInterrupt
+        return real(self, code, module)
+
+    monkeypatch.setattr(Policy, "is_tracked", interrupted)
+    monstack.install()
+    ns: dict = {}
+    with pytest.raises(KeyboardInterrupt):
+        exec(compile("def g():\n    return 1\n", "/tmp/monstack_interrupted.py", "exec"), ns)
+        for _ in range(1000):
+            ns["g"]()
+    assert not armed["on"]
+    monstack.uninstall()
+
+
+@needs_shim
+def test_call_sites_beyond_the_preallocated_offsets(installed):
+    """Call sites past the shim's preallocated offset ints (a long function) still give
+    the right line."""
+    body = "".join(f"    x{i} = {i}\n" for i in range(3000))
+    src = f"def long_fn(check):\n{body}    return inner(check)\n\ndef inner(check):\n    return check('deep in a long function')\n"
+    ns: dict = {}
+    exec(compile(src, "/tmp/monstack_long_fn.py", "exec"), ns)
+    assert ns["long_fn"].__code__.co_code.__len__() > 2 * _evalframe.LASTI_INTS
+    assert ns["long_fn"](check) == len(real_records()) + 3
+    node = None
+
+    def grab(_where):
+        nonlocal node
+        monstack.snapshot()
+        node = _stack.get_cell()[0]
+        return 0
+
+    ns["long_fn"](grab)
+    lastis = []
+    while node is not None:
+        lastis.append(node[2])
+        node = node[1]
+    assert max(lastis) > 2 * _evalframe.LASTI_INTS
+
+
+@needs_shim
+def test_no_leaks_code_objects_freed_and_memory_flat(installed):
+    import tracemalloc
+    import weakref
+
+    ns: dict = {}
+    exec(compile("def f(n):\n    return f(n - 1) if n else 0\n", "/tmp/monstack_leak_check.py", "exec"), ns)
+    ns["f"](20)
+    ref = weakref.ref(ns["f"].__code__)
+    del ns
+    gc.collect()
+    assert ref() is None, "a code object outlived its function (held by the shim?)"
+
+    def g(n):
+        return g(n - 1) if n else 0
+
+    for _ in range(2000):
+        g(20)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for _ in range(20000):
+            g(20)  # 420k tracked calls
+        after = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert after - before < 64 * 1024, (before, after)
