@@ -47,7 +47,19 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _test_configs(args: argparse.Namespace) -> int:
-    """The test configurations the suite runs in on this interpreter (for tests/run-all.sh)."""
+    """The test configurations the suite runs in on this interpreter (for tests/run-all.sh).
+
+    Where the native sys.monitoring callbacks can run, the suite runs twice: with them
+    (``native``) and with the pure-Python callbacks (``python``).
+    """
+    from monstack import _env
+
+    if _env.HAS_SYSMON:
+        from monstack import _accel
+
+        if _accel.available()[0]:
+            print("native python")
+            return 0
     print("default")
     return 0
 

@@ -49,6 +49,7 @@ def install(
     exclude: Sequence[str] = (),
     propagate: Any = True,
     chain_limit: int = 8,
+    accelerator: Optional[bool] = None,
 ) -> str:
     """Start keeping per-thread shadow stacks. Returns the name of the backend in use.
 
@@ -62,8 +63,12 @@ def install(
 
     ``propagate``: True (default: every propagation point), False, or an iterable of
     the names in ``monstack.PROPAGATION_POINTS``. ``chain_limit``: how many origin hops
-    a snapshot keeps (default 8).
+    a snapshot keeps (default 8). ``accelerator`` (``monitoring`` backend): None (default)
+    uses the native callbacks where they can run unless ``MONSTACK_ACCELERATOR=0``; False
+    uses the pure-Python ones; True requires the native ones (RuntimeError otherwise).
     """
+    if accelerator is not None and not isinstance(accelerator, bool):
+        raise ValueError(f"accelerator must be None, True or False, got {accelerator!r}")
     global _state, _failure_reported
     options = {
         "backend": backend,
@@ -72,6 +77,7 @@ def install(
         "exclude": tuple(exclude) if not isinstance(exclude, str) else (exclude,),
         "propagate": _propagate.check_points(propagate),
         "chain_limit": _propagate.check_chain_limit(chain_limit),
+        "accelerator": accelerator,
     }
     _backend.check_choice(backend)  # ValueError before touching anything
     policy = make_policy(track, options["include"], options["exclude"])
@@ -82,7 +88,10 @@ def install(
             _uninstall_locked()
         cls, reason = _backend.choose(backend)
         _failure_reported = False  # each installation reports its own failure, once
-        instance = cls(policy, _on_internal_error)
+        if cls.name == "monitoring":
+            instance = cls(policy, _on_internal_error, accelerator=accelerator)
+        else:
+            instance = cls(policy, _on_internal_error)
         instance.start()
         _state = _State(instance, policy, reason, options)
         _set_fast()
@@ -118,7 +127,7 @@ def _set_fast() -> None:
     if state is not None and state.backend.tracking:
         from . import _stack
 
-        _fast = (state.policy.tracked_set(), _stack.TLS)
+        _fast = (state.policy.tracked_set(), _stack.TLS, getattr(state.backend, "snapshot_native", None))
     else:
         _fast = None
 
@@ -189,6 +198,10 @@ def snapshot() -> Snapshot:
     frame = _getframe(1)
     fast = _fast
     if fast is not None:  # inline fast path of _stack.make_capture (keep them in step)
+        if fast[2] is not None:  # native: reads *this* function's caller; None = slow path
+            snap = fast[2]()
+            if snap is not None:
+                return snap
         code = frame.f_code
         if code.co_filename in fast[0]:
             try:

@@ -119,6 +119,17 @@ def _parse_color(text: str) -> Optional[bool]:
     return COLOR_VALUES[value]
 
 
+def _parse_accelerator(text: str) -> Optional[bool]:
+    value = text.strip().lower()
+    if value == "auto":
+        return None
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise BadValue("auto, 1/true/yes/on (require the native callbacks), 0/false/no/off")
+
+
 class Setting(NamedTuple):
     """One ``MONSTACK_*`` variable: how to read it and which ``install()`` keyword it feeds.
 
@@ -174,6 +185,12 @@ SETTINGS: tuple[Setting, ...] = (
         "Which propagation points install() patches (threading, thread_pool, process_pool, "
         "asyncio_tasks, asyncio_executor).",
         "--propagate",
+    ),
+    Setting(
+        "MONSTACK_ACCELERATOR", "accelerator", _parse_accelerator,
+        "auto, 1/true/yes/on, 0/false/no/off", "auto",
+        "Native sys.monitoring callbacks on CPython 3.12/3.13 (auto: where they can run).",
+        "--accelerator",
     ),
     Setting(
         "MONSTACK_COLOR", None, _parse_color,

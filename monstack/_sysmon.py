@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import sys
 from types import CodeType
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 from . import _env, _stack
 from ._policy import Policy
@@ -165,14 +165,46 @@ class MonitoringBackend:
             return "every sys.monitoring tool id is in use: " + _holders_text()
         return None
 
-    def __init__(self, policy: Policy, on_error: Callable[[BaseException], None]) -> None:
+    def __init__(
+        self,
+        policy: Policy,
+        on_error: Callable[[BaseException], None],
+        accelerator: Optional[bool] = None,
+    ) -> None:
         self.policy = policy
         self.on_error = on_error
         self.tool: Optional[int] = None
         self.capture = _stack.make_capture(policy)
+        #: None: native callbacks where they can run (unless MONSTACK_ACCELERATOR=0);
+        #: True: require them; False: the pure-Python callbacks.
+        self.accelerator = accelerator
+        self.native = False
+        self.accel_reason = "not started"
+        #: Native whole-snapshot fast path (``_accel.snapshot_new``), or None.
+        self.snapshot_native: Optional[Callable[[], Any]] = None
+
+    def _choose_callbacks(self) -> bool:
+        """Native callbacks or not, recording why (for ``info``)."""
+        if self.accelerator is False:
+            self.accel_reason = "turned off (accelerator=False)"
+            return False
+        from . import _accel  # imports ctypes: only when it may be used
+
+        if self.accelerator is None and _accel.env_disabled():
+            self.accel_reason = "turned off (MONSTACK_ACCELERATOR=0)"
+            return False
+        ok, why = _accel.available()
+        if not ok:
+            if self.accelerator:
+                raise RuntimeError(f"accelerator=True but the native callbacks cannot run here: {why}")
+            self.accel_reason = why
+            return False
+        self.accel_reason = "native"
+        return True
 
     def start(self) -> None:
         mon = sys.monitoring
+        native = self._choose_callbacks()
         for tool in TOOL_ORDER:
             try:
                 mon.use_tool_id(tool, TOOL_NAME)
@@ -191,8 +223,16 @@ class MonitoringBackend:
         # would then never be pushed. restart_events() re-enables them (for every tool:
         # others see each disabled location fire once more and disable it again).
         mon.restart_events()
+        if native:
+            from . import _accel
+
+            callbacks = _accel.callbacks(self.policy, _stack.TLS, self.on_error)
+            self.snapshot_native = _accel.snapshot_new(callbacks[mon.events.PY_START])
+        else:
+            callbacks = _callbacks(self.policy, _stack.TLS, self.on_error)
+        self.native = native
         events = 0
-        for event, callback in _callbacks(self.policy, _stack.TLS, self.on_error).items():
+        for event, callback in callbacks.items():
             mon.register_callback(self.tool, event, callback)
             events |= event
         mon.set_events(self.tool, events)
@@ -203,6 +243,7 @@ class MonitoringBackend:
             return
         mon = sys.monitoring
         self.tool = None
+        self.snapshot_native = None
         if mon.get_tool(tool) != TOOL_NAME:
             return  # somebody freed it under us; nothing of ours is left there
         mon.set_events(tool, 0)
@@ -215,7 +256,10 @@ class MonitoringBackend:
         _stack.reset_tls()
 
     def describe(self) -> dict[str, str]:
-        return {"tool id": str(self.tool) if self.tool is not None else "-"}
+        return {
+            "tool id": str(self.tool) if self.tool is not None else "-",
+            "accelerator": "native" if self.native else f"none ({self.accel_reason})",
+        }
 
 
 def _holders_text() -> str:

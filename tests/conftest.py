@@ -10,8 +10,13 @@ sys.path.insert(0, os.path.dirname(__file__))
 import monstack  # noqa: E402
 from monstack import _env  # noqa: E402
 
-#: Which configuration this run is (``python -m monstack _test-configs`` lists them).
+#: Which configuration this run is (``python -m monstack _test-configs`` lists them):
+#: ``native``/``python`` pick the sys.monitoring callbacks install() uses by default.
 CONFIG = os.environ.get("MONSTACK_TEST_CONFIG", "default")
+if CONFIG == "python":
+    os.environ["MONSTACK_ACCELERATOR"] = "0"
+elif CONFIG == "native":
+    os.environ.pop("MONSTACK_ACCELERATOR", None)
 
 
 def expected_backend() -> str:

@@ -1,0 +1,980 @@
+/* monstack's native sys.monitoring callbacks for CPython 3.12 / 3.13 (GIL builds).
+ *
+ * Built by compat/build_native.py into a position-independent, relocation-free blob
+ * (monstack/_native/sysmon3XX-<arch>.bin + .json). The code never names an external
+ * symbol: every C-API function and object it uses is reached through `API` (struct
+ * ms_api below), a table the loader (monstack/_native.py) fills in before it makes the
+ * pages read+execute. All mutable state lives in heap memory (struct ms_state), owned
+ * by a capsule that is the `self` of the Python-callable functions.
+ *
+ * The callbacks keep exactly the shadow stack of the pure-Python callbacks in
+ * monstack/_sysmon.py (see that file and monstack/_stack.py):
+ *   - node = (code, parent, parent_lasti), per-thread cell = TLS.cell = [top];
+ *   - push on PY_START / PY_RESUME / PY_THROW, pop on PY_RETURN / PY_YIELD / PY_UNWIND;
+ *   - tracking decision per file through the policy's own decision dict; undecided
+ *     code asks the Python policy once (the `decide` helper); filtered code gets
+ *     DISABLE for its local events;
+ *   - seeding a thread and resynchronising after a mismatched pop call the Python
+ *     helpers `seed` / `resync` (rare slow paths, same rules as the Python callbacks).
+ * One improvement: a push records the real call site (parent_lasti) instead of UNKNOWN
+ * when the immediate caller frame is a complete Python frame running the top node's
+ * code and the top node's own call site is known (so a node with a known call site is
+ * always part of a chain that was verified, and capture's lazy check of unknown
+ * segments still sees every blind spot the Python callbacks leave).
+ *
+ * Hot paths (tracked push/pop) call no Python code. Callbacks are entered with no
+ * exception pending (CPython stashes it around the call) and always return a
+ * non-NULL result with no exception set: an internal error is handed to `on_error`
+ * (which warns once and uninstalls), exactly as the Python callbacks do.
+ */
+#define Py_BUILD_CORE 1
+#include <Python.h>
+#include <internal/pycore_frame.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#if PY_VERSION_HEX < 0x030C0000 || PY_VERSION_HEX >= 0x030E0000
+#error "sysmon_native.c is for CPython 3.12 and 3.13"
+#endif
+#ifdef Py_GIL_DISABLED
+#error "free-threaded builds are not supported"
+#endif
+#if defined(Py_DEBUG) || defined(Py_TRACE_REFS) || defined(Py_REF_DEBUG)
+#error "debug builds are not supported"
+#endif
+
+#pragma GCC visibility push(hidden)
+
+#define LIKELY(x) __builtin_expect(!!(x), 1)
+#define UNLIKELY(x) __builtin_expect(!!(x), 0)
+
+/* ---------------------------------------------------------------- the table */
+/* X(return type, symbol, parameters): C-API functions, filled with their addresses. */
+#define MS_FUNCS(X)                                                             \
+    X(PyThreadState *, PyThreadState_Get, (void))                               \
+    X(PyObject *, PyTuple_New, (Py_ssize_t))                                    \
+    X(PyObject *, PyLong_FromLong, (long))                                      \
+    X(void, _Py_Dealloc, (PyObject *))                                          \
+    X(PyObject *, PyDict_GetItemWithError, (PyObject *, PyObject *))            \
+    X(PyObject *, PyObject_GetAttr, (PyObject *, PyObject *))                   \
+    X(PyObject *, PyObject_Vectorcall, (PyObject *, PyObject *const *, size_t, PyObject *)) \
+    X(int, PyObject_IsTrue, (PyObject *))                                       \
+    X(PyObject *, PyErr_GetRaisedException, (void))                             \
+    X(void, PyErr_SetString, (PyObject *, const char *))                        \
+    X(int, PyErr_ExceptionMatches, (PyObject *))                                \
+    X(void, PyErr_Clear, (void))                                                \
+    X(PyObject *, PyErr_Occurred, (void))                                       \
+    X(void *, PyCapsule_GetPointer, (PyObject *, const char *))                 \
+    X(PyObject *, PyCapsule_New, (void *, const char *, PyCapsule_Destructor))  \
+    X(int, PyUnstable_Code_SetExtra, (PyObject *, Py_ssize_t, void *))          \
+    X(Py_ssize_t, PyLong_AsSsize_t, (PyObject *))                               \
+    X(int, PyContextVar_Get, (PyObject *, PyObject *, PyObject **))             \
+    X(void *, PyMem_Calloc, (size_t, size_t))                                   \
+    X(void, PyMem_Free, (void *))
+
+/* X(field, symbol): addresses of C-API objects (&symbol). */
+#define MS_OBJS(X)                                                              \
+    X(none, _Py_NoneStruct)                                                     \
+    X(true_, _Py_TrueStruct)                                                    \
+    X(false_, _Py_FalseStruct)                                                  \
+    X(tuple_type, PyTuple_Type)                                                 \
+    X(list_type, PyList_Type)                                                   \
+    X(dict_type, PyDict_Type)                                                   \
+    X(code_type, PyCode_Type)                                                   \
+    X(capsule_type, PyCapsule_Type)                                             \
+    X(type_type, PyType_Type)
+
+/* X(field, symbol): values of C-API pointer variables (*symbol). */
+#define MS_PTRS(X)                                                              \
+    X(exc_attribute, PyExc_AttributeError)                                      \
+    X(exc_type, PyExc_TypeError)
+
+#define MS_MAGIC 0x6d6f6e73796d6f6eULL /* "monsymon" */
+
+struct ms_api {
+    uint64_t magic;
+    uint64_t nslots;
+#define DECL_F(ret, name, params) ret (*name) params;
+    MS_FUNCS(DECL_F)
+#define DECL_O(field, sym) void *field;
+    MS_OBJS(DECL_O)
+    MS_PTRS(DECL_O)
+};
+
+#define NSLOTS ((sizeof(struct ms_api) - 2 * sizeof(uint64_t)) / sizeof(void *))
+
+/* The table, at symbol ms_table; the names of its slots, in order, at ms_table_names:
+ * "f:<symbol>" = address of a function, "o:<symbol>" = address of an object,
+ * "p:<symbol>" = value of a pointer variable. */
+__attribute__((section(".data.ms_table"), aligned(64), used))
+struct ms_api ms_table = {MS_MAGIC, NSLOTS};
+#define API ms_table
+
+#define NAME_F(ret, name, params) "f:" #name "\0"
+#define NAME_O(field, sym) "o:" #sym "\0"
+#define NAME_P(field, sym) "p:" #sym "\0"
+__attribute__((used))
+const char ms_table_names[] = MS_FUNCS(NAME_F) MS_OBJS(NAME_O) MS_PTRS(NAME_P);
+
+/* Interpreter layout this code was compiled for ("name=value\0" ...): the loader
+ * checks each one it can observe against the running interpreter. */
+#define STR2(x) #x
+#define STR(x) STR2(x)
+#if PY_VERSION_HEX >= 0x030D0000
+#define TS_FRAME_EXPR offsetof(PyThreadState, current_frame)
+#define IF_CODE_EXPR offsetof(_PyInterpreterFrame, f_executable)
+#define IF_INSTR_EXPR offsetof(_PyInterpreterFrame, instr_ptr)
+#else
+#define TS_FRAME_EXPR offsetof(PyThreadState, cframe)
+#define IF_CODE_EXPR offsetof(_PyInterpreterFrame, f_code)
+#define IF_INSTR_EXPR offsetof(_PyInterpreterFrame, prev_instr)
+#endif
+__attribute__((used))
+const uint64_t ms_layout[] = {
+    PY_VERSION_HEX,
+    sizeof(PyObject),
+    offsetof(PyThreadState, id),
+    offsetof(PyThreadState, interp),
+    offsetof(PyThreadState, dict),
+    TS_FRAME_EXPR,
+    IF_CODE_EXPR,
+    offsetof(_PyInterpreterFrame, previous),
+    offsetof(_PyInterpreterFrame, f_globals),
+    IF_INSTR_EXPR,
+    offsetof(_PyInterpreterFrame, owner),
+    offsetof(PyCodeObject, co_filename),
+    offsetof(PyCodeObject, _co_firsttraceable),
+    offsetof(PyCodeObject, co_code_adaptive),
+    offsetof(PyTupleObject, ob_item),
+    offsetof(PyListObject, ob_item),
+    offsetof(PyVarObject, ob_size),
+    sizeof(PyMethodDef),
+    offsetof(PyMethodDef, ml_meth),
+    offsetof(PyMethodDef, ml_flags),
+    offsetof(PyCodeObject, co_extra),
+    offsetof(PyDictObject, ma_version_tag),
+};
+__attribute__((used))
+const char ms_layout_names[] =
+    "PY_VERSION_HEX\0sizeof_PyObject\0ts_id\0ts_interp\0ts_dict\0ts_frame\0"
+    "if_code\0if_previous\0if_globals\0if_instr\0if_owner\0co_filename\0"
+    "co_firsttraceable\0co_code_adaptive\0tuple_ob_item\0list_ob_item\0"
+    "var_ob_size\0sizeof_PyMethodDef\0ml_meth\0ml_flags\0co_extra\0ma_version_tag\0";
+
+/* ---------------------------------------------------------------- refcounts */
+/* Py_INCREF is inline with no external reference; Py_DECREF would name _Py_Dealloc. */
+static inline void ms_decref(PyObject *op)
+{
+#if PY_VERSION_HEX >= 0x030C0000
+    if (_Py_IsImmortal(op)) {
+        return;
+    }
+#endif
+    if (--op->ob_refcnt == 0) {
+        API._Py_Dealloc(op);
+    }
+}
+static inline void ms_xdecref(PyObject *op)
+{
+    if (op != NULL) {
+        ms_decref(op);
+    }
+}
+#define NONE ((PyObject *)API.none)
+
+/* co_extra's layout (private to Objects/codeobject.c; the loader verifies it). */
+typedef struct {
+    Py_ssize_t ce_size;
+    void *ce_extras[1];
+} ms_code_extra;
+
+/* The dict version tag: bumped by every change of the dict (deprecated in 3.12 but
+ * still maintained in 3.12 and 3.13; the loader verifies that it moves). */
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+static inline uint64_t ms_dict_version(PyObject *d)
+{
+    return ((PyDictObject *)d)->ma_version_tag;
+}
+#pragma GCC diagnostic pop
+#define IS_TYPE(op, field) (Py_TYPE(op) == (PyTypeObject *)API.field)
+
+/* ---------------------------------------------------------------- state */
+#define STATE_NAME "monstack.sysmon_native.state"
+
+struct ms_state {
+    uint64_t magic;
+    /* strong references, released by ms_state_free */
+    PyObject *tls;        /* monstack._stack.TLS of this install (a _thread._local) */
+    PyObject *by_file;    /* policy.tracked_files(): file name -> True/False */
+    PyObject *decide;     /* decide(code) -> bool (frame 1 = the event's frame) */
+    PyObject *seed;       /* seed(): sets TLS.cell from the real frames */
+    PyObject *resync;     /* resync(): rebuilds TLS.cell from the real frames */
+    PyObject *on_error;   /* on_error(exc) */
+    PyObject *disable;    /* sys.monitoring.DISABLE */
+    PyObject *unknown;    /* monstack._stack.UNKNOWN (the int -1) */
+    PyObject *s_cell;     /* "cell" */
+    PyObject *s_dict;     /* "__dict__" */
+    /* per-code decision cache in co_extra[extra_index] (-1: none): the value
+     * (epoch << 2) | 2 | tracked, where epoch identifies this state's policy */
+    Py_ssize_t extra_index;
+    uint64_t epoch;
+    /* one-thread cache of TLS.cell: valid while c_ts/c_id match and the thread's
+     * TLS dict has not changed since (version tag c_version): then "cell" in it is
+     * still c_cell */
+    PyThreadState *c_ts;
+    uint64_t c_id;
+    uint64_t c_version;
+    PyObject *c_ldict;    /* strong */
+    PyObject *c_cell;     /* strong */
+    /* counters (read by tests through ms_counters) */
+    int64_t n_push_known, n_push_unknown, n_pop, n_seed, n_resync, n_decide, n_errors, n_cache_miss;
+    int64_t n_events;
+};
+
+/* The capsule's pointer, read directly (PyCapsule_GetPointer compares names with
+ * strcmp on every call). The loader verifies that the pointer sits right after the
+ * object header; the magic guards against anything else. */
+static inline struct ms_state *ms_state_of(PyObject *self)
+{
+    if (UNLIKELY(!IS_TYPE(self, capsule_type))) {
+        return NULL;
+    }
+    struct ms_state *st = *(struct ms_state **)((char *)self + sizeof(PyObject));
+    return (st != NULL && LIKELY(st->magic == MS_MAGIC)) ? st : NULL;
+}
+
+static void ms_cache_drop(struct ms_state *st)
+{
+    PyObject *ldict = st->c_ldict, *cell = st->c_cell;
+    st->c_ts = NULL;
+    st->c_id = 0;
+    st->c_ldict = NULL;
+    st->c_cell = NULL;
+    ms_xdecref(ldict);
+    ms_xdecref(cell);
+}
+
+static void ms_state_free(PyObject *capsule)
+{
+    struct ms_state *st = (struct ms_state *)API.PyCapsule_GetPointer(capsule, STATE_NAME);
+    if (st == NULL) {
+        API.PyErr_Clear();
+        return;
+    }
+    ms_cache_drop(st);
+    ms_xdecref(st->tls);
+    ms_xdecref(st->by_file);
+    ms_xdecref(st->decide);
+    ms_xdecref(st->seed);
+    ms_xdecref(st->resync);
+    ms_xdecref(st->on_error);
+    ms_xdecref(st->disable);
+    ms_xdecref(st->unknown);
+    ms_xdecref(st->s_cell);
+    ms_xdecref(st->s_dict);
+    st->magic = 0;
+    API.PyMem_Free(st);
+}
+
+/* ---------------------------------------------------------------- frames */
+static inline _PyInterpreterFrame *ms_current_frame(PyThreadState *ts)
+{
+#if PY_VERSION_HEX >= 0x030D0000
+    return ts->current_frame;
+#else
+    return ts->cframe != NULL ? ts->cframe->current_frame : NULL;
+#endif
+}
+
+/* The code object a (non-C-stack) frame runs, or NULL. */
+static inline PyCodeObject *ms_frame_code(_PyInterpreterFrame *f)
+{
+    if (f->owner == FRAME_OWNED_BY_CSTACK) {
+        return NULL;
+    }
+#if PY_VERSION_HEX >= 0x030D0000
+    PyObject *ex = f->f_executable;
+    return (ex != NULL && IS_TYPE(ex, code_type)) ? (PyCodeObject *)ex : NULL;
+#else
+    return f->f_code;
+#endif
+}
+
+static inline _Py_CODEUNIT *ms_frame_instr(_PyInterpreterFrame *f)
+{
+#if PY_VERSION_HEX >= 0x030D0000
+    return f->instr_ptr;
+#else
+    return f->prev_instr;
+#endif
+}
+
+/* frame.f_lasti of a complete Python frame running `code`, or -1. */
+static inline long ms_frame_lasti(_PyInterpreterFrame *f, PyCodeObject *code)
+{
+    _Py_CODEUNIT *first = (_Py_CODEUNIT *)code->co_code_adaptive;
+    _Py_CODEUNIT *at = ms_frame_instr(f);
+    if (f->owner != FRAME_OWNED_BY_GENERATOR && at < first + code->_co_firsttraceable) {
+        return -1; /* incomplete frame */
+    }
+    long lasti = (long)(at - first);
+    if (lasti < 0) {
+        return -1;
+    }
+    return lasti * (long)sizeof(_Py_CODEUNIT);
+}
+
+/* ---------------------------------------------------------------- errors */
+/* An internal error is pending: hand it to on_error, never let it escape. */
+static PyObject *ms_fail(PyObject *self, struct ms_state *st)
+{
+    PyObject *exc = API.PyErr_GetRaisedException();
+    st->n_errors++;
+    Py_INCREF(self); /* on_error uninstalls: keep our state alive until we return */
+    if (exc != NULL) {
+        PyObject *res = API.PyObject_Vectorcall(st->on_error, &exc, 1, NULL);
+        if (res == NULL) {
+            API.PyErr_Clear();
+        }
+        else {
+            ms_decref(res);
+        }
+        ms_decref(exc);
+    }
+    ms_decref(self);
+    Py_INCREF(NONE);
+    return NONE;
+}
+
+/* Call a Python helper (slow paths only). New reference or NULL with an exception.
+ * The callbacks hold a reference to `self` (the state's capsule) for their whole
+ * run, so a helper that uninstalls monstack (or lets another thread do it) cannot
+ * free the state under them. */
+static PyObject *ms_call(PyObject *self, PyObject *fn, PyObject *arg)
+{
+    PyObject *args[1] = {arg};
+    return API.PyObject_Vectorcall(fn, args, arg != NULL ? 1 : 0, NULL);
+}
+
+/* ---------------------------------------------------------------- policy */
+static inline void ms_remember(struct ms_state *st, PyObject *code, int tracked)
+{
+    if (st->extra_index >= 0) {
+        uintptr_t v = (uintptr_t)((st->epoch << 2) | 2u | (tracked ? 1u : 0u));
+        if (API.PyUnstable_Code_SetExtra(code, st->extra_index, (void *)v) < 0) {
+            API.PyErr_Clear(); /* only a cache */
+        }
+    }
+}
+
+/* 1 tracked, 0 filtered, -1 error. Python is called only for undecided files. */
+static inline int ms_tracked(PyObject *self, struct ms_state *st, PyObject *code)
+{
+    Py_ssize_t idx = st->extra_index;
+    ms_code_extra *ex = (ms_code_extra *)((PyCodeObject *)code)->co_extra;
+    if (LIKELY(ex != NULL && idx >= 0 && idx < ex->ce_size)) {
+        uintptr_t v = (uintptr_t)ex->ce_extras[idx];
+        if (LIKELY((v >> 2) == st->epoch && (v & 2u))) {
+            return (int)(v & 1u);
+        }
+    }
+    PyObject *d = API.PyDict_GetItemWithError(st->by_file, ((PyCodeObject *)code)->co_filename);
+    if (LIKELY(d == (PyObject *)API.true_)) {
+        ms_remember(st, code, 1);
+        return 1;
+    }
+    if (d == (PyObject *)API.false_) {
+        ms_remember(st, code, 0);
+        return 0;
+    }
+    if (d == NULL && API.PyErr_Occurred() != NULL) {
+        return -1;
+    }
+    st->n_decide++;
+    PyObject *res = ms_call(self, st->decide, code);
+    if (res == NULL) {
+        return -1;
+    }
+    int t = API.PyObject_IsTrue(res);
+    ms_decref(res);
+    if (t >= 0) {
+        ms_remember(st, code, t);
+    }
+    return t;
+}
+
+/* ---------------------------------------------------------------- TLS.cell */
+/* This thread's TLS.cell (borrowed from the cache), NULL with no exception when the
+ * thread has none (unseeded) or it is None (*is_none set), NULL with an exception on
+ * error. Like the Python callbacks, pops treat a None cell as no stack and pushes
+ * fail on it. */
+static PyObject *ms_cell_slow(struct ms_state *st, PyThreadState *ts, int *is_none)
+{
+    *is_none = 0;
+    st->n_cache_miss++;
+    ms_cache_drop(st);
+    PyObject *ldict = API.PyObject_GetAttr(st->tls, st->s_dict);
+    if (ldict == NULL) {
+        return NULL;
+    }
+    if (!IS_TYPE(ldict, dict_type)) {
+        ms_decref(ldict);
+        API.PyErr_SetString((PyObject *)API.exc_type, "monstack: TLS.__dict__ is not a dict");
+        return NULL;
+    }
+    PyObject *cell = API.PyDict_GetItemWithError(ldict, st->s_cell);
+    if (cell == NULL) {
+        ms_decref(ldict);
+        return NULL; /* unseeded, or an error */
+    }
+    if (cell == NONE) {
+        ms_decref(ldict);
+        *is_none = 1;
+        return NULL;
+    }
+    if (!IS_TYPE(cell, list_type) || Py_SIZE(cell) != 1) {
+        ms_decref(ldict);
+        API.PyErr_SetString((PyObject *)API.exc_type,
+                            "monstack: this thread's TLS.cell is not a [top] list");
+        return NULL;
+    }
+    Py_INCREF(cell);
+    st->c_ts = ts;
+    st->c_id = ts->id;
+    st->c_version = ms_dict_version(ldict);
+    st->c_ldict = ldict;
+    st->c_cell = cell;
+    return cell;
+}
+
+static inline PyObject *ms_cell(struct ms_state *st, PyThreadState *ts, int *is_none)
+{
+    if (LIKELY(ts == st->c_ts && ts->id == st->c_id && ms_dict_version(st->c_ldict) == st->c_version)) {
+        return st->c_cell;
+    }
+    return ms_cell_slow(st, ts, is_none);
+}
+
+/* The cell, seeding the thread from its real frames when it has none. New reference. */
+static PyObject *ms_cell_or_seed(PyObject *self, struct ms_state *st, PyThreadState *ts)
+{
+    int is_none = 0;
+    PyObject *cell = ms_cell(st, ts, &is_none);
+    if (LIKELY(cell != NULL)) {
+        Py_INCREF(cell);
+        return cell;
+    }
+    if (API.PyErr_Occurred() != NULL) {
+        return NULL;
+    }
+    if (is_none) {
+        API.PyErr_SetString((PyObject *)API.exc_type, "monstack: this thread's TLS.cell is None");
+        return NULL;
+    }
+    st->n_seed++;
+    PyObject *res = ms_call(self, st->seed, NULL);
+    if (res == NULL) {
+        return NULL;
+    }
+    ms_decref(res);
+    cell = ms_cell_slow(st, ts, &is_none);
+    if (cell == NULL) {
+        if (API.PyErr_Occurred() == NULL) {
+            API.PyErr_SetString((PyObject *)API.exc_type, "monstack: seeding left no TLS.cell");
+        }
+        return NULL;
+    }
+    Py_INCREF(cell);
+    return cell;
+}
+
+/* ---------------------------------------------------------------- push / pop */
+static int ms_push(struct ms_state *st, PyThreadState *ts, PyObject *cell, PyObject *code)
+{
+    /* Allocate first: a collection here may run Python code that changes cell[0]. */
+    PyObject *node = API.PyTuple_New(3);
+    if (node == NULL) {
+        return -1;
+    }
+    PyObject **slot = &((PyListObject *)cell)->ob_item[0];
+    PyObject *top = *slot;
+    long lasti = -1;
+    if (top != NONE && IS_TYPE(top, tuple_type) && Py_SIZE(top) == 3 &&
+        PyTuple_GET_ITEM(top, 2) != st->unknown) {
+        _PyInterpreterFrame *f = ms_current_frame(ts);
+        if (f != NULL && (PyObject *)ms_frame_code(f) == code) {
+            _PyInterpreterFrame *caller = f->previous;
+            PyCodeObject *ccode;
+            if (caller != NULL && (ccode = ms_frame_code(caller)) != NULL &&
+                (PyObject *)ccode == PyTuple_GET_ITEM(top, 0)) {
+                lasti = ms_frame_lasti(caller, ccode);
+            }
+        }
+    }
+    PyObject *off;
+    if (lasti >= 0) {
+        off = API.PyLong_FromLong(lasti);
+        if (off == NULL) {
+            ms_decref(node);
+            return -1;
+        }
+        st->n_push_known++;
+        top = *slot; /* (PyLong_FromLong cannot run Python code; re-read anyway) */
+    }
+    else {
+        off = st->unknown;
+        Py_INCREF(off);
+        st->n_push_unknown++;
+    }
+    Py_INCREF(code);
+    PyTuple_SET_ITEM(node, 0, code);
+    PyTuple_SET_ITEM(node, 1, top); /* the cell's reference moves into the node */
+    PyTuple_SET_ITEM(node, 2, off);
+    *slot = node;
+    return 0;
+}
+
+/* 1 popped, 0 top is not `code`. */
+static inline int ms_pop(struct ms_state *st, PyObject *cell, PyObject *code)
+{
+    PyObject **slot = &((PyListObject *)cell)->ob_item[0];
+    PyObject *top = *slot;
+    if (LIKELY(top != NONE && IS_TYPE(top, tuple_type) && Py_SIZE(top) == 3 &&
+               PyTuple_GET_ITEM(top, 0) == code)) {
+        PyObject *parent = PyTuple_GET_ITEM(top, 1);
+        Py_INCREF(parent);
+        *slot = parent;
+        st->n_pop++;
+        ms_decref(top);
+        return 1;
+    }
+    return 0;
+}
+
+static inline int ms_check_args(PyObject *const *args, Py_ssize_t nargs)
+{
+    if (UNLIKELY(nargs < 1 || !IS_TYPE(args[0], code_type))) {
+        API.PyErr_SetString((PyObject *)API.exc_type, "monstack: callback called without a code object");
+        return -1;
+    }
+    return 0;
+}
+
+/* PY_START, PY_RESUME (disable = 1) and PY_THROW (disable = 0). */
+__attribute__((always_inline)) static inline PyObject *ms_enter(PyObject *self, PyObject *const *args, Py_ssize_t nargs, int disable)
+{
+    struct ms_state *st = ms_state_of(self);
+    if (UNLIKELY(st == NULL)) {
+        API.PyErr_Clear();
+        Py_INCREF(NONE);
+        return NONE;
+    }
+    st->n_events++;
+    if (ms_check_args(args, nargs) < 0) {
+        return ms_fail(self, st);
+    }
+    PyObject *code = args[0];
+    int t = ms_tracked(self, st, code);
+    if (UNLIKELY(t <= 0)) {
+        if (t < 0) {
+            return ms_fail(self, st);
+        }
+        if (disable) {
+            Py_INCREF(st->disable);
+            return st->disable;
+        }
+        Py_INCREF(NONE);
+        return NONE;
+    }
+    PyThreadState *ts = API.PyThreadState_Get();
+    PyObject *cell = ms_cell_or_seed(self, st, ts);
+    if (UNLIKELY(cell == NULL)) {
+        return ms_fail(self, st);
+    }
+    int err = ms_push(st, ts, cell, code);
+    ms_decref(cell);
+    if (UNLIKELY(err < 0)) {
+        return ms_fail(self, st);
+    }
+    Py_INCREF(NONE);
+    return NONE;
+}
+
+/* PY_RETURN, PY_YIELD (disable = 1) and PY_UNWIND (disable = 0). */
+__attribute__((always_inline)) static inline PyObject *ms_leave(PyObject *self, PyObject *const *args, Py_ssize_t nargs, int disable)
+{
+    struct ms_state *st = ms_state_of(self);
+    if (UNLIKELY(st == NULL)) {
+        API.PyErr_Clear();
+        Py_INCREF(NONE);
+        return NONE;
+    }
+    st->n_events++;
+    if (ms_check_args(args, nargs) < 0) {
+        return ms_fail(self, st);
+    }
+    PyObject *code = args[0];
+    PyThreadState *ts = API.PyThreadState_Get();
+    int is_none = 0;
+    PyObject *cell = ms_cell(st, ts, &is_none);
+    if (LIKELY(cell != NULL)) {
+        if (LIKELY(ms_pop(st, cell, code))) {
+            Py_INCREF(NONE);
+            return NONE;
+        }
+    }
+    else if (API.PyErr_Occurred() != NULL) {
+        return ms_fail(self, st);
+    }
+    int t = ms_tracked(self, st, code);
+    if (t < 0) {
+        return ms_fail(self, st);
+    }
+    if (t == 0) {
+        if (disable) {
+            Py_INCREF(st->disable);
+            return st->disable;
+        }
+        Py_INCREF(NONE);
+        return NONE;
+    }
+    st->n_resync++;
+    PyObject *res = ms_call(self, st->resync, NULL);
+    if (res == NULL) {
+        return ms_fail(self, st);
+    }
+    ms_decref(res);
+    /* resync replaced TLS.cell: the cache revalidates on the next event */
+    Py_INCREF(NONE);
+    return NONE;
+}
+
+#define MS_HOLD_SELF(call)       \
+    do {                         \
+        Py_INCREF(self);         \
+        PyObject *res_ = (call); \
+        ms_decref(self);         \
+        return res_;             \
+    } while (0)
+
+__attribute__((used, noinline))
+PyObject *ms_on_start(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    MS_HOLD_SELF(ms_enter(self, args, nargs, 1));
+}
+
+__attribute__((used, noinline))
+PyObject *ms_on_throw(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    MS_HOLD_SELF(ms_enter(self, args, nargs, 0));
+}
+
+__attribute__((used, noinline))
+PyObject *ms_on_return(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    MS_HOLD_SELF(ms_leave(self, args, nargs, 1));
+}
+
+__attribute__((used, noinline))
+PyObject *ms_on_unwind(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    MS_HOLD_SELF(ms_leave(self, args, nargs, 0));
+}
+
+/* snapshot_fast() -> (top, lasti) or None. The O(1) case of a snapshot, natively:
+ * called from monstack.snapshot(), it looks at snapshot()'s caller (the frame before
+ * the current one, which must be a complete Python frame called directly, not through
+ * C); if this thread's top node runs that frame's code and its call site is known, the
+ * snapshot is (top, that frame's f_lasti). Anything else -> None: the Python path
+ * (lazy fill, resync, seeding) decides. */
+/* The fast case shared by snapshot_fast / snapshot_new: 1 and (*top borrowed, *lasti),
+ * or 0. */
+static inline int ms_fast_top(struct ms_state *st, PyObject **top_out, long *lasti_out)
+{
+    PyThreadState *ts = API.PyThreadState_Get();
+    _PyInterpreterFrame *f = ms_current_frame(ts);
+    if (f == NULL || ms_frame_code(f) == NULL) {
+        return 0;
+    }
+    _PyInterpreterFrame *caller = f->previous;
+    PyCodeObject *code;
+    if (caller == NULL || (code = ms_frame_code(caller)) == NULL) {
+        return 0;
+    }
+    int is_none = 0;
+    PyObject *cell = ms_cell(st, ts, &is_none);
+    if (cell == NULL) {
+        API.PyErr_Clear();
+        return 0;
+    }
+    PyObject *top = ((PyListObject *)cell)->ob_item[0];
+    if (top == NONE || !IS_TYPE(top, tuple_type) || Py_SIZE(top) != 3 ||
+        PyTuple_GET_ITEM(top, 0) != (PyObject *)code || PyTuple_GET_ITEM(top, 2) == st->unknown) {
+        return 0;
+    }
+    long lasti = ms_frame_lasti(caller, code);
+    if (lasti < 0) {
+        return 0;
+    }
+    *top_out = top;
+    *lasti_out = lasti;
+    return 1;
+}
+
+/* snapshot_new(cls, origin_var) -> a Snapshot or None: the whole of snapshot()'s O(1)
+ * case when no origin is set -- cls (a tuple subclass) instance
+ * (top, lasti, None, None, 0), exactly what Snapshot._new(top, lasti, None) builds
+ * (checked by monstack/_accel.py before it hands this out). None: take the Python path. */
+__attribute__((used, noinline))
+PyObject *ms_snapshot_new(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    struct ms_state *st = ms_state_of(self);
+    PyObject *top;
+    long lasti;
+    if (UNLIKELY(st == NULL || nargs != 2 || !IS_TYPE(Py_TYPE(args[0]), type_type))) {
+        goto none;
+    }
+    PyTypeObject *cls = (PyTypeObject *)args[0];
+    if (cls->tp_base != (PyTypeObject *)API.tuple_type || cls->tp_alloc == NULL) {
+        goto none;
+    }
+    PyObject *origin = NULL;
+    if (API.PyContextVar_Get(args[1], NULL, &origin) < 0) {
+        API.PyErr_Clear();
+        goto none;
+    }
+    if (origin != NULL) {
+        int is_none = origin == NONE;
+        ms_decref(origin);
+        if (!is_none) {
+            goto none;
+        }
+    }
+    if (!ms_fast_top(st, &top, &lasti)) {
+        goto none;
+    }
+    PyObject *off = API.PyLong_FromLong(lasti);
+    if (off == NULL) {
+        return NULL;
+    }
+    PyObject *zero = API.PyLong_FromLong(0);
+    if (zero == NULL) {
+        ms_decref(off);
+        return NULL;
+    }
+    Py_INCREF(top); /* before the allocation: a collection may replace cell[0] */
+    PyObject *snap = cls->tp_alloc(cls, 5);
+    if (snap == NULL) {
+        ms_decref(top);
+        ms_decref(off);
+        ms_decref(zero);
+        return NULL;
+    }
+    PyTuple_SET_ITEM(snap, 0, top);
+    PyTuple_SET_ITEM(snap, 1, off);
+    Py_INCREF(NONE);
+    PyTuple_SET_ITEM(snap, 2, NONE);
+    Py_INCREF(NONE);
+    PyTuple_SET_ITEM(snap, 3, NONE);
+    PyTuple_SET_ITEM(snap, 4, zero);
+    return snap;
+none:
+    Py_INCREF(NONE);
+    return NONE;
+}
+
+__attribute__((used, noinline))
+PyObject *ms_snapshot_fast(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    struct ms_state *st = ms_state_of(self);
+    if (UNLIKELY(st == NULL)) {
+        goto none;
+    }
+    PyThreadState *ts = API.PyThreadState_Get();
+    _PyInterpreterFrame *f = ms_current_frame(ts);
+    if (f == NULL || ms_frame_code(f) == NULL) {
+        goto none;
+    }
+    _PyInterpreterFrame *caller = f->previous;
+    PyCodeObject *code;
+    if (caller == NULL || (code = ms_frame_code(caller)) == NULL) {
+        goto none;
+    }
+    int is_none = 0;
+    PyObject *cell = ms_cell(st, ts, &is_none);
+    if (cell == NULL) {
+        API.PyErr_Clear();
+        goto none;
+    }
+    PyObject *top = ((PyListObject *)cell)->ob_item[0];
+    if (top == NONE || !IS_TYPE(top, tuple_type) || Py_SIZE(top) != 3 ||
+        PyTuple_GET_ITEM(top, 0) != (PyObject *)code || PyTuple_GET_ITEM(top, 2) == st->unknown) {
+        goto none;
+    }
+    long lasti = ms_frame_lasti(caller, code);
+    if (lasti < 0) {
+        goto none;
+    }
+    PyObject *out = API.PyTuple_New(2);
+    if (out == NULL) {
+        return NULL;
+    }
+    PyObject *off = API.PyLong_FromLong(lasti);
+    if (off == NULL) {
+        ms_decref(out);
+        return NULL;
+    }
+    /* re-read: PyTuple_New may have collected garbage and run Python code */
+    top = ((PyListObject *)cell)->ob_item[0];
+    if (top == NONE || !IS_TYPE(top, tuple_type) || PyTuple_GET_ITEM(top, 0) != (PyObject *)code ||
+        PyTuple_GET_ITEM(top, 2) == st->unknown) {
+        ms_decref(out);
+        ms_decref(off);
+        goto none;
+    }
+    Py_INCREF(top);
+    PyTuple_SET_ITEM(out, 0, top);
+    PyTuple_SET_ITEM(out, 1, off);
+    return out;
+none:
+    Py_INCREF(NONE);
+    return NONE;
+}
+
+/* An empty callback (benchmarks: the cost of CPython's event machinery alone). */
+__attribute__((used, noinline))
+PyObject *ms_noop(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    Py_INCREF(NONE);
+    return NONE;
+}
+
+/* ---------------------------------------------------------------- management */
+/* new_state(tls, by_file, decide, seed, resync, on_error, DISABLE, UNKNOWN, "cell",
+ * "__dict__", extra_index, epoch) -> capsule. Called once per install, from Python (self unused). */
+__attribute__((used, noinline))
+PyObject *ms_new_state(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (nargs != 12) {
+        API.PyErr_SetString((PyObject *)API.exc_type, "new_state() takes 12 arguments");
+        return NULL;
+    }
+    Py_ssize_t extra_index = API.PyLong_AsSsize_t(args[10]);
+    Py_ssize_t epoch = API.PyLong_AsSsize_t(args[11]);
+    if ((extra_index == -1 || epoch == -1) && API.PyErr_Occurred() != NULL) {
+        return NULL;
+    }
+    if (epoch <= 0 || extra_index < -1) {
+        API.PyErr_SetString((PyObject *)API.exc_type, "new_state(): bad extra_index or epoch");
+        return NULL;
+    }
+    if (!IS_TYPE(args[1], dict_type)) {
+        API.PyErr_SetString((PyObject *)API.exc_type, "new_state(): by_file must be a dict");
+        return NULL;
+    }
+    struct ms_state *st = (struct ms_state *)API.PyMem_Calloc(1, sizeof(struct ms_state));
+    if (st == NULL) {
+        API.PyErr_SetString((PyObject *)API.exc_type, "new_state(): out of memory");
+        return NULL;
+    }
+    PyObject **fields[10] = {&st->tls, &st->by_file, &st->decide, &st->seed, &st->resync,
+                             &st->on_error, &st->disable, &st->unknown, &st->s_cell, &st->s_dict};
+    for (int i = 0; i < 10; i++) {
+        Py_INCREF(args[i]);
+        *fields[i] = args[i];
+    }
+    st->extra_index = extra_index;
+    st->epoch = (uint64_t)epoch;
+    st->magic = MS_MAGIC;
+    PyObject *cap = API.PyCapsule_New(st, STATE_NAME, ms_state_free);
+    if (cap == NULL) {
+        for (int i = 0; i < 10; i++) {
+            ms_decref(*fields[i]);
+        }
+        API.PyMem_Free(st);
+    }
+    return cap;
+}
+
+/* counters(state) -> tuple of ints (tests and `info`). */
+__attribute__((used, noinline))
+PyObject *ms_counters(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (nargs != 1 || !IS_TYPE(args[0], capsule_type)) {
+        API.PyErr_SetString((PyObject *)API.exc_type, "counters() takes a state");
+        return NULL;
+    }
+    struct ms_state *st = ms_state_of(args[0]);
+    if (st == NULL) {
+        API.PyErr_SetString((PyObject *)API.exc_type, "counters(): not a live state");
+        return NULL;
+    }
+    int64_t vals[9] = {st->n_push_known, st->n_push_unknown, st->n_pop, st->n_seed,
+                       st->n_resync, st->n_decide, st->n_errors, st->n_cache_miss, st->n_events};
+    PyObject *out = API.PyTuple_New(9);
+    if (out == NULL) {
+        return NULL;
+    }
+    for (int i = 0; i < 9; i++) {
+        PyObject *v = API.PyLong_FromLong((long)vals[i]);
+        if (v == NULL) {
+            ms_decref(out);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(out, i, v);
+    }
+    return out;
+}
+
+/* probe() -> (code, lasti, caller code or None, caller lasti, ts.id, ts.interp, ts.dict
+ * address, this thread's state address): what the hot path reads, for the loader to
+ * compare with sys._getframe() and ctypes. Called from Python, so the current frame
+ * is the caller's. */
+__attribute__((used, noinline))
+PyObject *ms_probe(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    (void)args;
+    (void)nargs;
+    PyThreadState *ts = API.PyThreadState_Get();
+    _PyInterpreterFrame *f = ms_current_frame(ts);
+    PyObject *out = API.PyTuple_New(8);
+    if (out == NULL) {
+        return NULL;
+    }
+    PyObject *items[8] = {0};
+    PyCodeObject *code = f != NULL ? ms_frame_code(f) : NULL;
+    _PyInterpreterFrame *caller = f != NULL ? f->previous : NULL;
+    while (caller != NULL && ms_frame_code(caller) == NULL) {
+        caller = caller->previous; /* skip C-stack entry frames */
+    }
+    PyCodeObject *ccode = caller != NULL ? ms_frame_code(caller) : NULL;
+    items[0] = code != NULL ? (PyObject *)code : NONE;
+    Py_INCREF(items[0]);
+    items[1] = API.PyLong_FromLong(code != NULL ? ms_frame_lasti(f, code) : -2);
+    items[2] = ccode != NULL ? (PyObject *)ccode : NONE;
+    Py_INCREF(items[2]);
+    items[3] = API.PyLong_FromLong(ccode != NULL ? ms_frame_lasti(caller, ccode) : -2);
+    items[4] = API.PyLong_FromLong((long)ts->id);
+    items[5] = API.PyLong_FromLong((long)(uintptr_t)ts->interp);
+    items[6] = API.PyLong_FromLong((long)(uintptr_t)ts->dict);
+    items[7] = API.PyLong_FromLong((long)(uintptr_t)ts);
+    for (int i = 0; i < 8; i++) {
+        if (items[i] == NULL) {
+            for (int j = 0; j < 8; j++) {
+                ms_xdecref(items[j]);
+            }
+            ms_decref(out);
+            return NULL;
+        }
+    }
+    for (int i = 0; i < 8; i++) {
+        PyTuple_SET_ITEM(out, i, items[i]);
+    }
+    return out;
+}
+
+#pragma GCC visibility pop

@@ -1,0 +1,400 @@
+"""Native ``sys.monitoring`` callbacks (CPython 3.12 / 3.13, GIL builds, x86-64 Linux).
+
+The machine code (``compat/sysmon_native.c``, built by ``compat/build_native.py`` into
+``monstack/_native/sysmon3XX-<arch>.bin``) keeps exactly the shadow stack of the
+pure-Python callbacks of ``_sysmon._callbacks``: same nodes, same ``TLS.cell``, same
+resync rules, same per-file policy decision and DISABLE for filtered code. Its hot
+path (tracked push/pop) runs no Python code; the policy is consulted in Python once per
+undecided file, and seeding/resync call the same ``_stack.build`` as the Python
+callbacks. PY_THROW (a throw into a generator: rare, never per call) keeps the
+pure-Python callback unless asked otherwise, so its delegating-generator repair rules
+are the Python ones by construction.
+
+Loading checks, once per process, every layout the code relies on against the running
+interpreter (struct offsets it was compiled with, observed through ctypes and through a
+native probe compared with ``sys._getframe``) and refuses, with a reason, on any
+difference:
+
+    ok, reason = available()
+    callbacks(policy, tls, on_error)   # {event: callable}, like _sysmon._callbacks
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import struct
+import sys
+import sysconfig
+import threading
+import types
+from typing import Any, Callable, Dict, Optional, Tuple
+
+from . import _native, _stack
+
+MAGIC = 0x6D6F6E73796D6F6E  # "monsymon", struct ms_api in sysmon_native.c
+STATE_NAME = b"monstack.sysmon_native.state"
+COUNTERS = ("push_known", "push_unknown", "pop", "seed", "resync", "decide", "errors", "cache_miss", "events")
+
+_lock = threading.Lock()
+_result: Optional[Tuple[bool, str]] = None
+_blob: Optional[_native.Blob] = None
+_fns: Dict[str, Callable] = {}
+#: co_extra index for the per-code decision cache (one per process), -1 if refused.
+_extra_index = -1
+_epoch = 0
+
+
+def blob_name() -> str:
+    return f"sysmon{sys.version_info[0]}{sys.version_info[1]}-{_native.machine()}"
+
+
+def available() -> Tuple[bool, str]:
+    """``(True, "native")`` when the native callbacks can run here, else ``(False, why)``.
+
+    The first call loads and verifies the machine code (a few ms); later calls are free.
+    """
+    global _result
+    res = _result
+    if res is None:
+        with _lock:
+            res = _result
+            if res is None:
+                try:
+                    _load_and_verify()
+                    res = (True, "native")
+                except _native.NativeUnavailable as exc:
+                    res = (False, str(exc))
+                except Exception as exc:  # never let a check crash install()
+                    res = (False, f"verification failed ({type(exc).__name__}: {exc})")
+                _result = res
+    return res
+
+
+def _refusal() -> Optional[str]:
+    if sys.implementation.name != "cpython":
+        return f"needs CPython (this is {sys.implementation.name})"
+    if sys.version_info[:2] not in ((3, 12), (3, 13)):
+        return f"native callbacks exist for CPython 3.12 and 3.13 (this is {sys.version_info[0]}.{sys.version_info[1]})"
+    if sysconfig.get_config_var("Py_GIL_DISABLED"):
+        return "free-threaded build (no GIL): not supported by the native callbacks"
+    if hasattr(sys, "gettotalrefcount"):
+        return "debug build of CPython: not supported by the native callbacks"
+    if not sys.platform.startswith("linux"):
+        return f"native callbacks are built for Linux only (this is {sys.platform})"
+    if _native.machine() != "x86_64":
+        return f"no native callbacks for {_native.machine()} (x86_64 only)"
+    if ctypes.sizeof(ctypes.c_void_p) != 8:
+        return "needs a 64-bit interpreter"
+    return None
+
+
+def _load_and_verify() -> None:
+    global _blob
+    why = _refusal()
+    if why:
+        raise _native.NativeUnavailable(why)
+    blob = _native.load(blob_name(), MAGIC)
+    _verify_layout(blob)
+    fns = {
+        "new_state": blob.function("ms_new_state", "new_state"),
+        "counters": blob.function("ms_counters", "counters"),
+        "probe": blob.function("ms_probe", "probe"),
+    }
+    _verify_runtime(fns["probe"])
+    _fns.update(fns)
+    _blob = blob
+
+
+def _layout(blob: _native.Blob) -> Dict[str, int]:
+    names = blob.cstrings("ms_layout_names")
+    raw = blob.read("ms_layout", 8 * len(names))
+    return dict(zip(names, struct.unpack(f"<{len(names)}Q", raw)))
+
+
+def _verify_layout(blob: _native.Blob) -> None:
+    """Compare the offsets the code was compiled with against what ctypes observes."""
+    lay = _layout(blob)
+
+    def need(cond: bool, what: str) -> None:
+        if not cond:
+            raise _native.NativeUnavailable(f"interpreter layout differs from the native code's: {what}")
+
+    need(lay["PY_VERSION_HEX"] >> 16 == sys.hexversion >> 16,
+         f"compiled for {lay['PY_VERSION_HEX']:#x}, running {sys.hexversion:#x}")
+    need(lay["sizeof_PyObject"] == object.__basicsize__, "sizeof(PyObject)")
+    need(lay["tuple_ob_item"] == tuple.__basicsize__, "PyTupleObject.ob_item")
+    t = (object(), 1)
+    need(ctypes.c_void_p.from_address(id(t) + lay["tuple_ob_item"]).value == id(t[0]), "tuple items")
+    need(ctypes.c_ssize_t.from_address(id(t) + lay["var_ob_size"]).value == 2, "PyVarObject.ob_size")
+    lst = [t]
+    items = ctypes.c_void_p.from_address(id(lst) + lay["list_ob_item"]).value
+    need(items is not None and ctypes.c_void_p.from_address(items).value == id(t), "PyListObject.ob_item")
+    need(ctypes.c_ssize_t.from_address(id(lst) + lay["var_ob_size"]).value == 1, "list size")
+    code = _verify_layout.__code__
+    need(ctypes.c_void_p.from_address(id(code) + lay["co_filename"]).value == id(code.co_filename),
+         "PyCodeObject.co_filename")
+    M = _native.PyMethodDef
+    need(lay["sizeof_PyMethodDef"] == ctypes.sizeof(M), "sizeof(PyMethodDef)")
+    need(lay["ml_meth"] == M.ml_meth.offset and lay["ml_flags"] == M.ml_flags.offset, "PyMethodDef fields")
+    # The state capsule's pointer is read right after the object header.
+    fn = _native.api_function
+    new = fn("PyCapsule_New", ctypes.py_object, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p)
+    get = fn("PyCapsule_GetPointer", ctypes.c_void_p, ctypes.py_object, ctypes.c_char_p)
+    marker = ctypes.c_int(7)
+    cap = new(ctypes.addressof(marker), STATE_NAME, None)
+    need(get(cap, STATE_NAME) == ctypes.addressof(marker), "PyCapsule_GetPointer")
+    need(ctypes.c_void_p.from_address(id(cap) + lay["sizeof_PyObject"]).value == ctypes.addressof(marker),
+         "PyCapsule pointer field")
+    del cap
+    _verify_code_extra(lay, need)
+    _verify_dict_version(lay, need)
+
+
+def _verify_code_extra(lay: Dict[str, int], need: Callable[[bool, str], None]) -> None:
+    """Request our co_extra index and check the layout the native code reads."""
+    global _extra_index
+    fn = _native.api_function
+    req = fn("PyUnstable_Eval_RequestCodeExtraIndex", ctypes.c_ssize_t, ctypes.c_void_p)
+    setx = fn("PyUnstable_Code_SetExtra", ctypes.c_int, ctypes.py_object, ctypes.c_ssize_t, ctypes.c_void_p)
+    index = req(None)
+    if index < 0:
+        raise _native.NativeUnavailable("no free co_extra index (PyUnstable_Eval_RequestCodeExtraIndex)")
+    code = compile("pass", "<monstack co_extra check>", "exec")
+    need(setx(code, index, 0x5A5A0) == 0, "PyUnstable_Code_SetExtra failed")
+    extra = ctypes.c_void_p.from_address(id(code) + lay["co_extra"]).value
+    need(extra is not None, "PyCodeObject.co_extra")
+    need(ctypes.c_ssize_t.from_address(extra).value > index, "co_extra size")
+    need(ctypes.c_void_p.from_address(extra + 8 + 8 * index).value == 0x5A5A0, "co_extra slot")
+    _extra_index = index
+
+
+def _verify_dict_version(lay: Dict[str, int], need: Callable[[bool, str], None]) -> None:
+    """The version tag of a thread's ``_thread._local`` dict must move on every change."""
+    local = threading.local()
+    local.cell = [None]
+    d = local.__dict__
+    at = id(d) + lay["ma_version_tag"]
+    seen = [ctypes.c_uint64.from_address(at).value]
+    for step in (lambda: setattr(local, "other", 1), lambda: setattr(local, "cell", [None]),
+                 lambda: delattr(local, "cell"), lambda: setattr(local, "cell", None)):
+        step()
+        v = ctypes.c_uint64.from_address(at).value
+        need(v not in seen, "PyDictObject.ma_version_tag does not change with the dict")
+        seen.append(v)
+
+
+def _verify_runtime(probe: Callable) -> None:
+    """Run the native probe (it reads the thread state and frames exactly as the
+    callbacks do) and compare with what Python reports."""
+    fn = _native.api_function
+    api = types.SimpleNamespace(
+        PyThreadState_Get=fn("PyThreadState_Get", ctypes.c_void_p),
+        PyInterpreterState_Get=fn("PyInterpreterState_Get", ctypes.c_void_p),
+        PyThreadState_GetDict=fn("PyThreadState_GetDict", ctypes.c_void_p),
+    )
+    get_id = fn("PyThreadState_GetID", ctypes.c_uint64, ctypes.c_void_p)
+
+    def need(cond: bool, what: str) -> None:
+        if not cond:
+            raise _native.NativeUnavailable(f"native probe disagrees with the interpreter: {what}")
+
+    def check_thread(out: list) -> None:
+        try:
+            ts = api.PyThreadState_Get()
+            d = api.PyThreadState_GetDict()
+            p = probe()
+            out.append((p[7] == ts, p[4] == get_id(ts), p[5] == api.PyInterpreterState_Get(), p[6] == d))
+        except Exception as exc:  # pragma: no cover - reported below
+            out.append(exc)
+
+    # (This thread only: install() may run at interpreter startup, where starting a
+    # thread to check another one would be unwelcome. tests/test_accel.py checks more.)
+    for where in ("this thread",):
+        out: list = []
+        check_thread(out)
+        need(len(out) == 1 and not isinstance(out[0], Exception), f"probe failed in {where}: {out}")
+        ok_ts, ok_id, ok_interp, ok_dict = out[0]
+        need(ok_ts, "PyThreadState address")
+        need(ok_id, "PyThreadState.id")
+        need(ok_interp, "PyThreadState.interp")
+        need(ok_dict, "PyThreadState.dict")
+
+    getframe = sys._getframe
+
+    def inner():
+        p = probe()
+        here = getframe(0)
+        return p, here.f_code, here.f_lasti, getframe(1).f_code, getframe(1).f_lasti
+
+    def outer():
+        return inner()
+
+    p, code, lasti_after, ccode, clasti = outer()
+    need(p[0] is code, "current frame's code object")
+    need(p[2] is ccode, "caller frame's code object")
+    need(p[3] == clasti, f"caller frame's f_lasti ({p[3]} != {clasti})")
+    need(0 <= p[1] < lasti_after, f"current frame's f_lasti ({p[1]} vs {lasti_after})")
+
+    def gen():
+        yield probe(), getframe(0).f_code, getframe(1).f_code, getframe(1).f_lasti
+
+    def drive():
+        return next(gen())
+
+    p, gcode, ccode, clasti = drive()
+    need(p[0] is gcode, "generator frame's code object")
+    need(p[2] is ccode and p[3] == clasti, "generator's caller frame")
+
+
+def _fn(name: str) -> Callable:
+    ok, why = available()
+    if not ok:
+        raise _native.NativeUnavailable(why)
+    return _fns[name]
+
+
+def callbacks(
+    policy: Any,
+    tls: Any,
+    on_error: Callable[[BaseException], None],
+    native_throw: bool = False,
+    py_callbacks: Optional[Callable] = None,
+) -> dict:
+    """The six sys.monitoring callbacks as ``{event: callable}``, native except PY_THROW.
+
+    Same contract as ``_sysmon._callbacks(policy, tls, on_error)``. Raises
+    ``_native.NativeUnavailable`` when ``available()`` is false. PY_THROW stays the
+    pure-Python callback unless ``native_throw`` (the native one implements today's
+    Python rule; tests run both). ``py_callbacks``: the pure-Python factory it comes
+    from (default ``_sysmon._callbacks``).
+    """
+    new_state = _fn("new_state")
+    blob = _blob
+    assert blob is not None
+    mon = sys.monitoring
+    getframe = sys._getframe
+    is_tracked = policy.is_tracked
+    build = _stack.build
+    stats = _stack.STATS
+
+    # Slow-path helpers, called from native code (which has no Python frame):
+    # frame 0 is the helper, 1 the frame of the event, 2 that frame's caller.
+    def decide(code):
+        return is_tracked(code, getframe(1).f_globals.get("__name__"))
+
+    def caller_of_event():
+        # frames: 0 this, 1 seed/resync, 2 the event's frame, 3 its caller (None when
+        # the event's frame is a thread's first frame)
+        try:
+            return getframe(3)
+        except ValueError:
+            return None
+
+    def seed():
+        tls.cell = [build(caller_of_event(), policy)[0]]
+        stats["seed"] += 1
+
+    def resync():
+        tls.cell = [build(caller_of_event(), policy)[0]]
+        stats["resync"] += 1
+
+    global _epoch
+    with _lock:
+        _epoch += 1
+        epoch = _epoch
+    state = new_state(
+        tls, policy.tracked_files(), decide, seed, resync, on_error,
+        mon.DISABLE, _stack.UNKNOWN, "cell", "__dict__", _extra_index, epoch,
+    )
+    fn = _native.cached_function
+    on_start = fn(blob, "ms_on_start", "monstack_on_start", self_obj=state)
+    if native_throw:
+        on_throw = fn(blob, "ms_on_throw", "monstack_on_throw", self_obj=state)
+    else:
+        # PY_THROW (a throw into a generator or coroutine: rare, never per call) keeps the
+        # pure-Python callback itself, so its repair rules for delegating generators
+        # are the Python ones by construction. It shares TLS.cell with the native ones.
+        if py_callbacks is None:
+            from . import _sysmon
+
+            py_callbacks = _sysmon._callbacks
+        on_throw = py_callbacks(policy, tls, on_error)[mon.events.PY_THROW]
+    on_return = fn(blob, "ms_on_return", "monstack_on_return", self_obj=state)
+    on_unwind = fn(blob, "ms_on_unwind", "monstack_on_unwind", self_obj=state)
+    E = mon.events
+    return {
+        E.PY_START: on_start,
+        E.PY_RESUME: on_start,
+        E.PY_THROW: on_throw,
+        E.PY_RETURN: on_return,
+        E.PY_YIELD: on_return,
+        E.PY_UNWIND: on_unwind,
+    }
+
+
+def snapshot_fast(callback: Any) -> Callable[[], Optional[tuple]]:
+    """The native O(1) snapshot for the state behind ``callback`` (one of the functions
+    ``callbacks()`` returned): a no-argument callable, to be called from inside
+    ``monstack.snapshot()`` itself, returning ``(top, lasti)`` for snapshot()'s caller
+    when the thread's top node is that caller's with a known call site, else None (then
+    take the Python path)."""
+    ok, why = available()
+    if not ok:
+        raise _native.NativeUnavailable(why)
+    assert _blob is not None
+    return _native.cached_function(_blob, "ms_snapshot_fast", "snapshot_fast", self_obj=callback.__self__)
+
+
+def snapshot_new(callback: Any, cls: Any = None, origin_var: Any = None) -> Optional[Callable[[], Any]]:
+    """The whole O(1) case of ``monstack.snapshot()``, natively, or None if unusable.
+
+    Returns a no-argument callable, to be called from inside ``snapshot()`` itself:
+    it returns the finished ``Snapshot`` of snapshot()'s caller when no origin is set
+    and the fast case holds (top node = the caller's code, call site known), else None
+    (take the Python path). Before handing it out, checks that what it builds equals
+    ``Snapshot._new(top, lasti, None)``; returns None if the Snapshot layout changed.
+    """
+    from ._snapshot import CURRENT_ORIGIN, Snapshot
+
+    cls = Snapshot if cls is None else cls
+    origin_var = CURRENT_ORIGIN if origin_var is None else origin_var
+    ok, why = available()
+    if not ok:
+        raise _native.NativeUnavailable(why)
+    assert _blob is not None
+    raw = _native.cached_function(_blob, "ms_snapshot_new", "snapshot_new", self_obj=callback.__self__)
+    try:
+        if cls.__base__ is not tuple or cls._new(None, 7, None) != (None, 7, None, None, 0):
+            return None
+    except Exception:
+        return None
+    return functools.partial(raw, cls, origin_var)
+
+
+def empty_callback() -> Callable:
+    """A native callback that does nothing (returns None): for benchmarks, the cost of
+    CPython's event machinery alone, to compare the real callbacks with."""
+    ok, why = available()
+    if not ok:
+        raise _native.NativeUnavailable(why)
+    assert _blob is not None
+    return _native.cached_function(_blob, "ms_noop", "monstack_empty_callback")
+
+
+def counters(callback: Any) -> Dict[str, int]:
+    """Event counters of the native state behind one of ``callbacks()``' functions."""
+    values = _fn("counters")(callback.__self__)
+    return dict(zip(COUNTERS, values))
+
+
+def is_native(callback: Any) -> bool:
+    return type(callback).__name__ == "builtin_function_or_method" and getattr(
+        getattr(callback, "__self__", None), "__class__", None
+    ).__name__ == "PyCapsule"
+
+
+def env_disabled() -> bool:
+    """``MONSTACK_ACCELERATOR=0`` (or false/no/off) turns the native callbacks off."""
+    return os.environ.get("MONSTACK_ACCELERATOR", "").strip().lower() in ("0", "false", "no", "off")

@@ -1,0 +1,746 @@
+"""Native sys.monitoring callbacks (issue 10): same shadow stacks as the Python ones.
+
+Every scenario runs twice -- pure-Python callbacks, then native callbacks -- and must
+give identical snapshot records (and identical node chains), each equal to the real
+stack under the same policy (the ``stackcheck`` oracle).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import inspect
+import os
+import random
+import shutil
+import subprocess
+import sys
+import sysconfig
+import threading
+import weakref
+
+import pytest
+
+from monstack import _env
+
+if not _env.HAS_SYSMON:
+    pytest.skip("native sys.monitoring callbacks need CPython 3.12+", allow_module_level=True)
+
+import monstack  # noqa: E402
+from monstack import _accel, _install, _native, _stack, _sysmon  # noqa: E402
+from stackcheck import real_records, shadow_records  # noqa: E402
+
+OK, WHY = _accel.available()
+SUPPORTED = (
+    sys.platform.startswith("linux")
+    and _native.machine() == "x86_64"
+    and sys.version_info[:2] in ((3, 12), (3, 13))
+    and not sysconfig.get_config_var("Py_GIL_DISABLED")
+    and not hasattr(sys, "gettotalrefcount")
+)
+needs_native = pytest.mark.skipif(not OK, reason=f"native callbacks unavailable: {WHY}")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_PY_CALLBACKS = _sysmon._callbacks
+
+
+def test_available_exactly_where_supported():
+    if SUPPORTED:
+        assert OK, WHY
+        assert WHY == "native"
+    else:
+        assert not OK and WHY
+
+
+@contextlib.contextmanager
+def tracking(native: bool, **options):
+    """monstack installed (monitoring backend) with native or pure-Python callbacks."""
+    monstack.uninstall()
+    options.setdefault("propagate", False)
+    if "accelerator" in inspect.signature(monstack.install).parameters:
+        monstack.install(backend="monitoring", accelerator=native, **options)
+        patched = False
+    else:  # before install() grows the option: swap the callback factory
+        _sysmon._callbacks = _native_factory if native else _PY_CALLBACKS
+        patched = True
+        monstack.install(backend="monitoring", **options)
+    try:
+        assert registered_are_native() is native
+        yield
+    finally:
+        monstack.uninstall()
+        if patched:
+            _sysmon._callbacks = _PY_CALLBACKS
+
+
+def _registered(event=None):
+    mon = sys.monitoring
+    tool = _install._state.backend.tool
+    event = event or mon.events.PY_START
+    cb = mon.register_callback(tool, event, None)
+    mon.register_callback(tool, event, cb)
+    return cb
+
+
+def _native_factory(policy, tls, on_error):
+    return _accel.callbacks(policy, tls, on_error, py_callbacks=_PY_CALLBACKS)
+
+
+def registered_are_native() -> bool:
+    return _accel.is_native(_registered())
+
+
+@pytest.fixture
+def native_throw(monkeypatch):
+    """Use the native PY_THROW callback too (by default PY_THROW stays Python)."""
+    real = _accel.callbacks
+    monkeypatch.setattr(_accel, "callbacks", lambda *a, **k: real(*a, **k, native_throw=True))
+    yield
+
+
+def native_counters() -> dict:
+    return _accel.counters(_registered())
+
+
+# --------------------------------------------------------------------------- recording
+OUT: list = []
+
+
+def chain(snap):
+    """The snapshot's node chain as (function name, call site known), innermost first.
+
+    (Raw offsets are not compared across runs: the second run executes specialized
+    bytecode, whose "previous instruction" inside a call can be another code unit of
+    the same line; the records compare the lines.)"""
+    out = []
+    node = snap._node
+    while node is not None:
+        out.append((node[0].co_qualname, node[2] >= 0))
+        node = node[1]
+    return out
+
+
+def mark(tag=""):
+    """Record the snapshot here (records + node chain) and the real stack."""
+    snap, real = monstack.snapshot(), real_records(sys._getframe())  # one line: same lineno
+    OUT.append((tag, shadow_records(snap), chain(snap), real))
+
+
+def run_both(scenario, *args, **options):
+    """Run ``scenario`` under Python then native callbacks; return both recordings."""
+    results = []
+    for native in (False, True):
+        OUT.clear()
+        with tracking(native, **options):
+            scenario(*args)
+        results.append(list(OUT))
+    OUT.clear()
+    return results
+
+
+def assert_same(py, nat):
+    assert len(py) == len(nat) and py, (len(py), len(nat))
+    for (tag, rec_p, chain_p, real_p), (tag2, rec_n, chain_n, real_n) in zip(py, nat):
+        assert tag == tag2
+        assert rec_p == real_p, f"python callbacks vs real stack at {tag}"
+        assert rec_n == real_n, f"native callbacks vs real stack at {tag}"
+        assert rec_p == rec_n, f"records differ at {tag}"
+        assert chain_p == chain_n, f"node chains differ at {tag}"
+
+
+# --------------------------------------------------------------------------- scenarios
+def nested(n):
+    if n == 0:
+        mark("leaf")
+        return
+    if n % 2:
+        mark(f"odd {n}")
+    nested(n - 1)
+    list(map(nested_via_c, [n - 1] if n > 3 else []))  # entered from C: call site unknown
+    mark(f"after {n}")
+
+
+def nested_via_c(n):
+    mark(f"via C {n}")
+    return sorted([3, 1, 2], key=lambda x: (mark("key") if x == 1 else None, x))
+
+
+def s_nested():
+    nested(6)
+
+
+def boom(n):
+    if n == 0:
+        raise ValueError("boom")
+    try:
+        boom(n - 1)
+    finally:
+        mark(f"finally {n}")
+
+
+def s_exceptions():
+    for depth in (1, 3, 5):
+        try:
+            boom(depth)
+        except ValueError as exc:
+            mark(f"caught {depth}")
+            assert str(exc) == "boom"
+    try:
+        try:
+            boom(2)
+        except ValueError:
+            mark("handler")
+            raise KeyError("chained")
+    except KeyError as exc:
+        assert isinstance(exc.__context__, ValueError)
+        mark("outer")
+
+
+def inner_gen():
+    x = yield 1
+    mark(f"inner got {x}")
+    try:
+        yield 2
+    except KeyError:
+        mark("inner caught")
+        yield 3
+    finally:
+        mark("inner finally")
+
+
+def outer_gen():
+    mark("outer start")
+    r = yield from inner_gen()
+    mark(f"outer after {r}")
+    yield 4
+
+
+def s_generators():
+    g = outer_gen()
+    next(g)
+    g.send("a")
+    assert g.throw(KeyError) == 3  # throw into a delegating generator
+    mark("after throw")
+    g.close()
+    mark("after close")
+    g2 = inner_gen()
+    next(g2)
+    g2.close()
+    g3 = outer_gen()
+    next(g3)
+    with contextlib.suppress(ValueError):
+        g3.throw(ValueError)
+    mark("end")
+    gen_exp = (mark(f"genexp {i}") for i in range(2))
+    list(gen_exp)
+
+
+async def leaf_coro(i):
+    mark(f"coro {i} before")
+    await asyncio.sleep(0)
+    mark(f"coro {i} after")
+    return i
+
+
+async def mid_coro(i):
+    return await leaf_coro(i)
+
+
+async def main_coro():
+    res = await asyncio.gather(*(mid_coro(i) for i in range(3)))
+    mark("gathered")
+    return res
+
+
+def s_asyncio():
+    assert asyncio.run(main_coro()) == [0, 1, 2]
+
+
+def s_threads():
+    results: dict = {}
+
+    def body(i):
+        for k in range(3):
+            nested(2 + (i + k) % 3)
+        results[i] = True
+
+    threads = [threading.Thread(target=body, args=(i,)) for i in range(4)]
+    # Run one at a time so the order of OUT is deterministic; stacks are per thread.
+    for t in threads:
+        t.start()
+        t.join()
+
+
+class Shape:
+    mark("class body")
+    double = staticmethod(lambda x: (mark("lambda"), x * 2)[1])
+    squares = [mark("comprehension") or i * i for i in range(2)]
+
+
+def s_misc():
+    Shape.double(3)
+    exec("mark('exec')", {"mark": mark})
+    eval("mark('eval')", {"mark": mark})
+    [mark("listcomp") for _ in range(1)]
+    {k: mark("dictcomp") for k in range(1)}
+
+
+def deep(n):
+    if n == 0:
+        mark("deep")
+        return
+    deep(n - 1)
+
+
+def s_recursion_near_limit():
+    limit = sys.getrecursionlimit()
+    deep(limit - len(inspect.stack(0)) - 40)
+
+
+SCENARIOS = [s_nested, s_exceptions, s_generators, s_asyncio, s_threads, s_misc, s_recursion_near_limit]
+
+
+@needs_native
+@pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda f: f.__name__)
+def test_identical_to_python_callbacks_and_to_the_real_stack(scenario):
+    py, nat = run_both(scenario)
+    assert_same(py, nat)
+
+
+@needs_native
+@pytest.mark.parametrize("scenario", [s_generators, s_asyncio], ids=lambda f: f.__name__)
+def test_native_throw_callback_identical_too(scenario, native_throw):
+    py, nat = run_both(scenario)
+    assert_same(py, nat)
+
+
+# --------------------------------------------------------------------------- random programs
+def random_program(seed: int, nfuncs: int = 12) -> str:
+    """Source of a random program: calls, C-mediated calls, exceptions, generators."""
+    rnd = random.Random(seed)
+    lines = ["class E(Exception):", "    pass", ""]
+    for i in range(nfuncs):
+        lines.append(f"def f{i}(d):")
+        lines.append(f"    mark('f{i} in')")
+        lines.append("    if d <= 0:")
+        lines.append("        return 0")
+        for _ in range(rnd.randint(1, 3)):
+            j = rnd.randint(i, nfuncs - 1)
+            kind = rnd.choice(["call", "c", "raise", "gen", "throw", "close", "yf"])
+            if kind == "call":
+                lines.append(f"    f{j}(d - 1)")
+            elif kind == "c":
+                lines.append(f"    list(map(f{j}, [d - 1]))")
+            elif kind == "raise":
+                lines += ["    try:", f"        f{j}(d - 1)", "        raise E()", "    except E:",
+                          f"        mark('f{i} caught')"]
+            elif kind == "gen":
+                lines += [f"    for _x in g{j}(d - 1):", f"        mark('f{i} loop')"]
+            elif kind == "throw":
+                lines += [f"    it = g{j}(d - 1)", "    try:", "        next(it)", "        it.throw(E())",
+                          "    except (E, StopIteration):", f"        mark('f{i} thrown')"]
+            elif kind == "close":
+                lines += [f"    it = g{j}(d - 1)", "    next(it, None)", "    it.close()", f"    mark('f{i} closed')"]
+            else:
+                lines += [f"    for _x in h{j}(d - 1):", "        pass"]
+        lines.append("    return 1")
+        lines.append("")
+        lines.append(f"def g{i}(d):")
+        lines.append(f"    mark('g{i} start')")
+        lines.append("    try:")
+        lines.append(f"        yield f{min(i + 1, nfuncs - 1)}(d - 1)")
+        lines.append("    finally:")
+        lines.append(f"        mark('g{i} finally')")
+        lines.append("    yield 2")
+        lines.append("")
+        lines.append(f"def h{i}(d):")
+        lines.append(f"    yield from g{i}(d)")
+        lines.append(f"    mark('h{i} after')")
+        lines.append("")
+    return "\n".join(lines)
+
+
+@needs_native
+@pytest.mark.parametrize("seed", range(6))
+def test_random_programs_identical(seed, tmp_path):
+    source = random_program(seed)
+    path = tmp_path / f"randprog_{seed}.py"
+    path.write_text(source)
+    ns: dict = {"mark": mark, "__name__": f"randprog_{seed}"}
+    exec(compile(source, str(path), "exec"), ns)
+
+    def scenario():
+        for start in range(0, 12, 3):
+            ns[f"f{start}"](3)
+        t = threading.Thread(target=ns["f0"], args=(2,))
+        t.start()
+        t.join()
+
+    py, nat = run_both(scenario)
+    assert_same(py, nat)
+
+
+@needs_native
+@pytest.mark.parametrize("seed", range(6, 9))
+def test_random_programs_identical_with_native_throw(seed, tmp_path, native_throw):
+    test_random_programs_identical(seed, tmp_path)
+
+
+# --------------------------------------------------------------------------- behaviour
+def leaf(x):
+    return x
+
+
+def loop(n):
+    for i in range(n):
+        leaf(i)
+
+
+@needs_native
+def test_hot_path_needs_no_python_and_records_call_sites():
+    with tracking(True, track="all"):
+        loop(10)
+        before = native_counters()
+        stats = dict(_stack.STATS)
+        loop(5000)
+        after = native_counters()
+        assert _stack.STATS == stats
+    assert after["decide"] == before["decide"]
+    assert after["seed"] == before["seed"] and after["resync"] == before["resync"] == 0
+    assert after["push_known"] - before["push_known"] >= 5000  # caller frame is the top: site known
+    assert after["pop"] - before["pop"] >= 5000
+    assert after["errors"] == 0
+
+
+@needs_native
+def test_policy_asked_once_per_file_and_filtered_code_disabled(tmp_path):
+    mod = tmp_path / "accel_filtered_mod.py"
+    mod.write_text("def lib(n):\n    return n + 1\n\ndef lib2(n):\n    return lib(n)\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        import accel_filtered_mod as m
+    finally:
+        sys.path.remove(str(tmp_path))
+    with tracking(True, exclude=["accel_filtered_mod"]):
+        m.lib2(1)
+        c1 = native_counters()
+        for i in range(2000):
+            m.lib2(i)
+        c2 = native_counters()
+        assert c2["events"] - c1["events"] < 20  # DISABLE'd after their first events
+        assert "lib" not in [r[2] for r in shadow_records(m.lib(0) and monstack.snapshot())]
+    with tracking(True):
+        c0 = native_counters()["decide"]
+        m.lib2(1)
+        m.lib(2)
+        assert native_counters()["decide"] - c0 == 1  # one file, one decision
+
+
+@needs_native
+def test_internal_error_warns_once_and_uninstalls(monkeypatch):
+    monkeypatch.setattr(_install, "_failure_reported", False)
+    with tracking(True):
+        _stack.TLS.cell = None  # break this thread's state: the next push fails
+
+        with pytest.warns(monstack.MonstackWarning, match="tracking turned off"):
+
+            def user_code():
+                return 42
+
+            assert user_code() == 42
+        assert monstack.active_backend() is None
+
+
+@needs_native
+def test_exceptions_pass_through_untouched():
+    def thrower():
+        raise KeyError("k")
+
+    def middle():
+        try:
+            thrower()
+        except KeyError as exc:
+            assert sys.exception() is exc
+            raise RuntimeError("r") from exc
+
+    with tracking(True, track="all"):
+        with pytest.raises(RuntimeError) as info:
+            middle()
+        err = info.value
+        assert isinstance(err.__cause__, KeyError)
+        names = []
+        tb = err.__traceback__
+        while tb is not None:
+            names.append(tb.tb_frame.f_code.co_name)
+            tb = tb.tb_next
+        assert names[-1] == "middle"
+        assert sys.exception() is None
+        assert native_counters()["errors"] == 0
+
+
+@needs_native
+def test_no_leaks_over_many_tracked_calls():
+    with tracking(True, track="all"):
+        loop(50_000)
+        gc.collect()
+        before = sys.getallocatedblocks()
+        loop(300_000)
+        gc.collect()
+        after = sys.getallocatedblocks()
+    assert after - before < 500, (before, after)
+
+
+@needs_native
+def test_code_objects_and_frames_are_freed(tmp_path):
+    path = tmp_path / "accel_gone.py"
+    path.write_text("def f(x):\n    return g(x)\n\ndef g(x):\n    return snap()\n")
+
+    class Local:
+        pass
+
+    with tracking(True):
+        ns: dict = {"snap": monstack.snapshot, "__name__": "accel_gone"}
+        exec(compile(path.read_text(), str(path), "exec"), ns)
+        snap = ns["f"](1)
+        # (node names, not records(): formatting keeps a bounded per-code cache)
+        assert [name for name, _known in chain(snap)][:2] == ["g", "f"]
+        code_ref = weakref.ref(ns["g"].__code__)
+        local_ref = []
+
+        def holder():
+            obj = Local()
+            local_ref.append(weakref.ref(obj))
+            return monstack.snapshot()
+
+        keep = holder()
+        assert local_ref[0]() is None  # no frame kept alive by the shadow stack
+        del ns, snap
+        gc.collect()
+        assert code_ref() is None
+        assert keep is not None
+
+
+@needs_native
+def test_reinstall_cycles_free_their_state():
+    for _ in range(3):
+        with tracking(True):
+            loop(100)
+    gc.collect()
+    before = sys.getallocatedblocks()
+    for _ in range(30):
+        with tracking(True):
+            loop(100)
+        with tracking(False):
+            loop(100)
+    gc.collect()
+    assert sys.getallocatedblocks() - before < 1500
+
+
+@needs_native
+def test_threads_each_have_their_stack():
+    errors: list = []
+    barrier = threading.Barrier(8)
+
+    def work(i):
+        try:
+            barrier.wait()
+            for k in range(200):
+                nested_check(3 + (i + k) % 4, i)
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    with tracking(True):
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        c = native_counters()
+    assert errors == []
+    assert c["resync"] == 0 and c["errors"] == 0 and c["seed"] >= 8
+
+
+def nested_check(n, i):
+    if n == 0:
+        snap, real = monstack.snapshot(), real_records(sys._getframe())
+        assert shadow_records(snap) == real
+        return
+    nested_check(n - 1, i)
+
+
+# --------------------------------------------------------------------------- refusals
+def test_refuses_free_threaded_builds(monkeypatch):
+    real = sysconfig.get_config_var
+    monkeypatch.setattr(sysconfig, "get_config_var", lambda name: 1 if name == "Py_GIL_DISABLED" else real(name))
+    assert "free-threaded" in (_accel._refusal() or "")
+
+
+def test_refuses_other_versions(monkeypatch):
+    monkeypatch.setattr(sys, "version_info", (3, 14, 0, "final", 0))
+    assert "3.12 and 3.13" in (_accel._refusal() or "")
+
+
+@needs_native
+def test_layout_mismatch_is_refused(monkeypatch):
+    blob = _accel._blob
+    real = _accel._layout
+
+    def wrong(b):
+        lay = dict(real(b))
+        lay["co_filename"] += 8
+        return lay
+
+    monkeypatch.setattr(_accel, "_layout", wrong)
+    with pytest.raises(_native.NativeUnavailable, match="co_filename"):
+        _accel._verify_layout(blob)
+
+
+def test_missing_blob_is_refused():
+    with pytest.raises(_native.NativeUnavailable, match="not shipped"):
+        _native.read_manifest("sysmon399-nonesuch")
+
+
+# --------------------------------------------------------------------------- the blob
+def _build_module():
+    sys.path.insert(0, os.path.join(ROOT, "compat"))
+    try:
+        import build_native
+    finally:
+        sys.path.pop(0)
+    return build_native
+
+
+@pytest.mark.parametrize("version", ["3.12", "3.13"])
+def test_stored_blob_is_reproducible(version, tmp_path):
+    build_native = _build_module()
+    name = f"sysmon{version.replace('.', '')}-x86_64"
+    manifest = _native.read_manifest(name)
+    if shutil.which("gcc") is None or build_native.have_tools("x86_64"):
+        pytest.skip("no x86-64 compiler here")
+    if build_native.compiler_version("x86_64") != manifest["compiler"]:
+        pytest.skip(f"compiler differs from the one that built the blob ({manifest['compiler']})")
+    inc = build_native.find_include(version)
+    if inc is None or build_native.header_version(inc) != manifest["python"]:
+        pytest.skip(f"CPython {manifest['python']} headers not found")
+    out = build_native.build(os.path.join(ROOT, "compat", "sysmon_native.c"), inc, "x86_64", str(tmp_path / name))
+    with open(os.path.join(_native.NATIVE_DIR, name + ".bin"), "rb") as f:
+        stored = f.read()
+    assert (tmp_path / (name + ".bin")).read_bytes() == stored
+    assert out["symbols"] == manifest["symbols"]
+
+
+def test_build_refuses_external_symbols(tmp_path):
+    build_native = _build_module()
+    if build_native.have_tools("x86_64"):
+        pytest.skip("no x86-64 toolchain")
+    inc = build_native.find_include(f"{sys.version_info[0]}.{sys.version_info[1]}")
+    if inc is None:
+        pytest.skip("no headers")
+    src = tmp_path / "bad.c"
+    src.write_text("#include <Python.h>\nPyObject *f(void) { return PyTuple_New(1); }\n")
+    with pytest.raises(build_native.BuildError, match="external symbols"):
+        build_native.build(str(src), inc, "x86_64", str(tmp_path / "bad"))
+
+
+@needs_native
+def test_memory_flat_in_a_subprocess_bench():
+    """The 10M-call version is ``compat/bench_accel.py --memory 10000000``; here 1M."""
+    code = (
+        "import sys; sys.path[:0] = [%r, %r]\n"
+        "import bench_accel\n"
+        "bench_accel.memory(1_000_000)\n" % (ROOT, os.path.join(ROOT, "compat"))
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    growth = int(out.stdout.split("(growth ")[1].split(" kB")[0])
+    assert growth < 2048, out.stdout
+
+
+# --------------------------------------------------------------------------- native snapshot
+_SNAP_SRC = """
+def via_fast():
+    r = fast()
+    return r
+
+def via_new():
+    return snap_new()
+"""
+
+
+def _snap_helpers():
+    """The native snapshot functions, called from functions that live (for the policy)
+    in monstack's directory, as snapshot() itself does."""
+    cb = _registered()
+    ns = {"fast": _accel.snapshot_fast(cb), "snap_new": _accel.snapshot_new(cb)}
+    assert ns["snap_new"] is not None
+    exec(compile(_SNAP_SRC, os.path.join(os.path.dirname(_install.__file__), "_test_accel_snapshot.py"), "exec"), ns)
+    return ns["via_fast"], ns["via_new"]
+
+
+@needs_native
+def test_native_snapshot_paths_equal_the_python_snapshot():
+    from monstack._snapshot import CURRENT_ORIGIN, Snapshot
+
+    with tracking(True):
+        via_fast, via_new = _snap_helpers()
+
+        def user(n):
+            if n:
+                return user(n - 1)
+            r = via_fast(); s = via_new(); p = monstack.snapshot()  # noqa: E702 (one line: same lasti)
+            return r, s, p
+
+        r, s, p = user(5)
+        assert r is not None and s is not None
+        assert type(s) is Snapshot
+        # same node; the offsets differ only by the position on the line
+        raw_s = [tuple.__getitem__(s, i) for i in range(5)]
+        raw_p = [tuple.__getitem__(p, i) for i in range(5)]
+        assert r[0] is p._node and raw_s[0] is p._node and raw_s[2:] == raw_p[2:]
+        assert shadow_records(s) == shadow_records(p)
+        def line(off):
+            return next(ln for start, end, ln in user.__code__.co_lines() if start <= off < end)
+
+        assert line(r[1]) == line(raw_s[1]) == line(p._lasti)
+        # an origin set: the native full path declines (the chain logic is Python's)
+        token = CURRENT_ORIGIN.set(p)
+        try:
+            assert via_new() is None
+        finally:
+            CURRENT_ORIGIN.reset(token)
+        # called through C (no direct Python caller): both decline
+        assert list(map(lambda _: via_fast(), [0])) == [None]
+        assert list(map(lambda _: via_new(), [0])) == [None]
+
+
+@needs_native
+def test_native_snapshot_declines_unknown_call_sites():
+    with tracking(True):
+        via_fast, via_new = _snap_helpers()
+
+        def entered_from_c(_):
+            return via_fast(), via_new()
+
+        # entered from C: its node's call site is unknown until a capture fills it
+        assert list(map(entered_from_c, [0])) == [(None, None)]
+
+
+@needs_native
+def test_probe_agrees_in_other_threads():
+    out: list = []
+    t = threading.Thread(target=lambda: out.append(_accel._verify_runtime(_accel._fns["probe"])))
+    t.start()
+    t.join()
+    assert out == [None]
+
+
+@needs_native
+def test_identical_with_track_all_threads_first_frame_tracked():
+    """track='all': a new thread's very first frame (threading's bootstrap) is tracked,
+    so seeding happens at a frame with no caller at all."""
+    py, nat = run_both(s_threads, track="all")
+    assert_same(py, nat)
+    with tracking(True, track="all"):
+        s_threads()
+        assert monstack.active_backend() == "monitoring"
+        assert native_counters()["errors"] == 0
