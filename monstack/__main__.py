@@ -42,8 +42,12 @@ def _demo(args: argparse.Namespace) -> int:
 def _bench(args: argparse.Namespace) -> int:
     from monstack import _bench
 
-    _bench.run(quick=args.quick, as_json=args.json)
-    return 0
+    argv = (["--quick"] if args.quick else []) + (["--json"] if args.json else [])
+    if args.only:
+        argv += ["--only", args.only]
+    if args.rounds:
+        argv += ["--rounds", str(args.rounds)]
+    return _bench.main(argv)
 
 
 def _test_configs(args: argparse.Namespace) -> int:
@@ -79,6 +83,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     b = sub.add_parser("bench", help="what monstack costs, as ratios measured in one run")
     b.add_argument("--quick", action="store_true", help="fewer rounds (about 30 s)")
     b.add_argument("--json", action="store_true", help="machine-readable output")
+    b.add_argument("--only", default="", help="comma-separated sections: snapshot,tax,opqueue,memory")
+    b.add_argument("--rounds", type=int, default=None, help="rounds (default 7, --quick 3)")
     b.set_defaults(func=_bench)
     sub.add_parser("_test-configs", help=argparse.SUPPRESS).set_defaults(func=_test_configs)
     args = parser.parse_args(argv)

@@ -1,0 +1,196 @@
+"""The bench machinery (``python -m monstack bench``) on tiny sizes.
+
+No timing assertions -- timing targets live in the bench output only. These tests check
+that every figure is actually measured (ops ran, snapshots were taken, frames were
+captured), that the JSON has its keys, and that the table renders.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+
+import pytest
+
+import monstack
+from monstack import _bench
+
+
+def _tracking_available() -> bool:
+    return bool(_bench._tracking_backends())
+
+
+@pytest.fixture(scope="module")
+def results():
+    monstack.uninstall()
+    out = io.StringIO()
+    res = _bench.run(as_json=True, file=out, config=_bench.CONFIGS["tiny"]())
+    monstack.uninstall()
+    parsed = json.loads(out.getvalue())
+    return res, parsed
+
+
+def _positive_summary(s: dict) -> None:
+    assert s["n"] >= 1
+    assert 0 < s["min"] <= s["median"] <= s["max"]
+
+
+def test_json_top_level(results):
+    res, parsed = results
+    for key in ("schema", "python", "machine", "config", "rounds", "sections", "backends",
+                "accelerator option", "propagation points", "snapshot", "tax", "opqueue", "memory",
+                "targets", "warnings", "elapsed seconds", "peak rss bytes", "section seconds"):
+        assert key in parsed, key
+    assert parsed["python"] == sys.version.split()[0]
+    assert parsed["config"] == "tiny"
+    assert parsed["sections"] == list(_bench.SECTIONS)
+    for section in _bench.SECTIONS:
+        assert "error" not in parsed[section], parsed[section].get("traceback")
+    assert parsed["peak rss bytes"] > 0
+
+
+def test_snapshot_section(results):
+    _res, parsed = results
+    snap = parsed["snapshot"]
+    depths = [str(d) for d in snap["depths"]]
+    methods = snap["methods"]
+    for name in ("monstack walk backend", "plain sys._getframe walk", "asyncio debug (limit=10)",
+                 "traceback.extract_stack()", "empty loop (no-op call)"):
+        assert name in methods
+    if _tracking_available():
+        assert _bench._main_snapshot_method(methods) is not None
+    for name, per in methods.items():
+        for d in depths:
+            _positive_summary(per[d])
+    for name, per in snap["frames"].items():
+        for d in depths:
+            if name.startswith("monstack"):
+                # the snapshot really covered the stack it was taken in
+                assert per[d] >= int(d), (name, d, per[d])
+            elif name.startswith(("plain", "traceback")):
+                assert per[d] > int(d)
+            elif name.startswith("asyncio"):
+                assert per[d] == 10
+
+
+def test_tax_section(results):
+    _res, parsed = results
+    tax = parsed["tax"]
+    workloads = ("call-heavy (fib)", "method-heavy", "generator pipeline", "exception-heavy", "thread pool")
+    for wname in workloads:
+        assert tax["untracked seconds"][wname] > 0
+        assert tax["sizes"][wname] >= 1
+        ratios = tax["ratios"][wname]
+        if _tracking_available():
+            for mode in ("track='all'", "default policy", "workload filtered"):
+                _positive_summary(ratios[mode])
+        else:
+            assert "tracked modes" in tax["skipped"]
+    if _bench.EmptyCallbacks.unavailable() is None:
+        _positive_summary(tax["ratios"]["call-heavy (fib)"]["empty callbacks"])
+    # the thread pool really ran its tasks: warm-up + 2 timed runs per mode per round
+    assert tax["pool tasks run"] >= tax["sizes"]["thread pool"] * 2
+
+
+def test_opqueue_section_really_ran(results):
+    _res, parsed = results
+    oq = parsed["opqueue"]
+    assert oq["framework excluded by default policy"] is True
+    assert oq["model tracked by default policy"] is True
+    assert oq["ops per run"] > 0
+    assert oq["us per op"]["no capture"]["median"] > 0
+    expected = {"no capture", "walk per op"}
+    if _tracking_available():
+        expected |= {"default policy", "track='all'"}
+    assert expected <= set(oq["checks"])
+    for mode, ck in oq["checks"].items():
+        # every op issued reached the worker thread
+        assert ck["issued"] > 0 and ck["ran"] == ck["issued"], (mode, ck)
+        if mode == "no capture" or "no snapshot" in mode:
+            assert ck["snapshots"] == 0, mode
+        else:
+            # every op took a snapshot, as deep as the user's model code
+            assert ck["snapshots"] == ck["issued"], (mode, ck)
+            assert oq["snapshot depth"][mode] >= oq["user depth"]
+            top = oq["snapshot top"][mode]
+            if mode.startswith("track='all'"):
+                # the framework is tracked too (unless monstack turned itself off)
+                if not oq["ratios"][mode].get("invalid"):
+                    assert top.startswith("dispatch "), (mode, top)
+            else:
+                # the default policy shows the user's line, not the framework's
+                assert top.startswith("forward "), (mode, top)
+    cross = oq["crossover"]
+    if _tracking_available():
+        assert len(cross["points"]) == len(_bench.CONFIGS["tiny"]().crossover_layers)
+        for p in cross["points"]:
+            assert p["op us (no capture)"] > 0
+            _positive_summary(p["ratio"])
+        assert cross["crossover op us (overhead / 0.10)"] >= 0
+
+
+def test_memory_section(results):
+    _res, parsed = results
+    mem = parsed["memory"]
+    assert mem["runs"]
+    for name, run in mem["runs"].items():
+        assert run["snapshots"] > 0
+        assert run["bytes per snapshot"] > 0, name
+        assert run["frames per snapshot"] >= mem["depth"]
+    assert "walk" in mem["liveness"] and "not installed" in mem["liveness"]
+    for name, lv in mem["liveness"].items():
+        assert lv["local dead without gc"] is True, name
+        assert lv["frame objects reachable from snapshots"] == 0, name
+        assert lv["snapshot still readable"] is True, name
+        assert min(lv["frames per snapshot"]) >= mem["depth"]
+
+
+def test_targets_and_table(results):
+    res, parsed = results
+    assert parsed["targets"]
+    for t in parsed["targets"]:
+        assert set(t) == {"issue", "target", "value", "met", "note"}
+        assert t["issue"] in (3, 7, 10)
+        assert t["met"] in (True, False, None)
+    text = io.StringIO()
+    _bench._print(parsed, text)  # renders from the JSON form too
+    out = text.getvalue()
+    for heading in ("Snapshot:", "Tracking tax:", "Op-queue:", "Memory:", "Targets"):
+        assert heading in out
+
+
+def test_frames_reachable_detects_frames():
+    frame = sys._getframe()
+    assert _bench._frames_reachable([[(frame,)]]) == 1
+    assert _bench._frames_reachable([[(1, 2)]]) == 0
+
+
+@pytest.mark.skipif(_bench.EmptyCallbacks.unavailable() is not None, reason=str(_bench.EmptyCallbacks.unavailable()))
+def test_empty_callbacks_free_their_tool_id():
+    before = {t: sys.monitoring.get_tool(t) for t in range(6)}
+    empty = _bench.EmptyCallbacks()
+    empty.enter()
+    try:
+        assert sys.monitoring.get_tool(empty.tool) == "monstack-bench-empty"
+    finally:
+        empty.exit()
+    assert {t: sys.monitoring.get_tool(t) for t in range(6)} == before
+
+
+def test_main_only_section_and_install_state_restored(capsys):
+    monstack.uninstall()
+    name = monstack.install()
+    try:
+        assert _bench.main(["--config", "tiny", "--only", "memory", "--json"]) == 0
+        assert monstack.active_backend() == name
+    finally:
+        monstack.uninstall()
+    parsed = json.loads(capsys.readouterr().out)
+    assert parsed["sections"] == ["memory"]
+    assert "snapshot" not in parsed and "memory" in parsed
+
+
+def test_unknown_section_is_refused():
+    with pytest.raises(ValueError, match="valid choices"):
+        _bench.run(file=io.StringIO(), config=_bench.CONFIGS["tiny"](), sections=["nope"])
