@@ -43,8 +43,9 @@ Node = Tuple[CodeType, Optional["Node"], int]  # type: ignore[misc]
 TLS = _thread._local()
 
 #: How often a thread's stack was seeded from / rebuilt after disagreeing with the real
-#: frames. Rebuilds are the slow path: tests assert ordinary code never needs one.
-STATS = {"seed": 0, "resync": 0}
+#: frames ("resync": the slow path; tests assert ordinary code never needs one) / rebuilt
+#: because a throw entered a generator ("throw": by design, see ``_sysmon.on_throw``).
+STATS = {"seed": 0, "resync": 0, "throw": 0}
 
 
 def reset_tls() -> None:

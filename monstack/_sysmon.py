@@ -95,13 +95,21 @@ def _callbacks(policy: Policy, tls, on_error: Callable[[BaseException], None]):
             return None
 
     def on_throw(code: CodeType, offset: int, exc: BaseException):
+        # A throw (gen.throw/close, a task cancellation: never per call) may enter frames
+        # CPython linked without events (a delegating ``yield from``/``await`` chain), and
+        # the frame thrown into may already be on the shadow stack (a snapshot resynced
+        # it in while the inner frames ran). Pushing could duplicate it, and a duplicate
+        # of a recursive generator is invisible to capture()'s check (same code above and
+        # below). So a throw rebuilds the stack from the real frames, itself included.
         try:
             if code.co_filename in tracked_set or decide(code):
+                top = build(getframe(1), policy)[0]
                 try:
-                    cell = tls.cell
+                    tls.cell[0] = top
                 except AttributeError:
-                    cell = seed()
-                cell[0] = (code, cell[0], UNKNOWN)
+                    tls.cell = [top]
+                    stats["seed"] += 1
+                stats["throw"] += 1
         except Exception as err:
             on_error(err)
 
