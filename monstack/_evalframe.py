@@ -600,7 +600,8 @@ def _make_decide(policy: Policy, errors: list) -> Callable[[CodeType, Any], Opti
             name = globals.get("__name__") if type(globals) is dict else None
             return bool(is_tracked(code, name))
         except Exception as exc:  # reported from capture(), outside the shim
-            errors.append(exc)
+            if not errors:  # one is enough to report; never pile up exceptions (and their tracebacks)
+                errors.append(exc.with_traceback(None))
             _install.disable_fast_path()  # so that the next snapshot reaches capture()
             return None
 

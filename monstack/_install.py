@@ -242,10 +242,10 @@ def _warn(message: str) -> None:
 def _on_internal_error(exc: BaseException) -> None:
     """A callback failed: say so once, then turn tracking off cleanly."""
     global _failure_reported
-    if not _failure_reported:
-        _failure_reported = True
-        _warn(f"monstack: internal error in tracking ({type(exc).__name__}: {exc}); tracking turned off")
-    try:
+    try:  # off first: the warnings machinery runs Python code that would fail again
         uninstall()
     except Exception:
         pass
+    if not _failure_reported:
+        _failure_reported = True
+        _warn(f"monstack: internal error in tracking ({type(exc).__name__}: {exc}); tracking turned off")

@@ -50,7 +50,7 @@ class _WithOrigin:
         self.__wrapped__ = fn
         self._snap = snap
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
         snap = self._snap
         token = CURRENT_ORIGIN.set(snap)
         try:

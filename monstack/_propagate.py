@@ -178,6 +178,7 @@ def _bind_thread(thread: threading.Thread) -> Optional[tuple]:
         run = thread.run
 
         def run_with_origin() -> None:
+            nonlocal thread, bound, run
             token = CURRENT_ORIGIN.set(snap)
             try:
                 run()
@@ -187,6 +188,7 @@ def _bind_thread(thread: threading.Thread) -> Optional[tuple]:
             finally:
                 CURRENT_ORIGIN.reset(token)
                 _unbind_thread(thread, bound)
+                thread = bound = run = None  # no cycle through this closure: the Thread is freed by refcount
 
         bound = (run_with_origin, had, previous)
         thread.run = run_with_origin  # type: ignore[method-assign]

@@ -1,0 +1,333 @@
+#!/usr/bin/env python3
+"""Run CPython's own regression tests with and without monstack and compare the results.
+
+For every supported CPython found (3.11, 3.12, 3.13 through pyenv, or pythonX.Y on
+PATH), runs ``python -m test`` on the suites that exercise what monstack hooks into
+(threading, concurrent.futures, generators, coroutines, contextlib, logging) in three
+modes:
+
+- ``off``:  monstack not imported (the baseline);
+- ``user``: ``monstack.install()`` with its defaults, as ``MONSTACK=1`` does -- the
+  standard library, and so CPython's own tests, is *not* tracked: this checks that the
+  callbacks' filtering (DISABLE, PY_UNWIND/PY_THROW checks) changes nothing;
+- ``all``:  ``monstack.install(track="all")`` -- every frame of the tests is pushed and
+  popped, the strongest check that tracking is invisible to the program.
+
+monstack is switched on in every Python process of the run (regrtest's workers and the
+subprocesses the tests start, unless they run isolated with ``-I``/``-E``) by a
+``sitecustomize`` module on PYTHONPATH; when monstack's own ``MONSTACK=1`` start-up hook
+exists it is switched on too (``MONSTACK=1`` is set in ``user`` and ``all`` modes). Each
+process writes a line to a log at start-up (backend in use) and at exit (backend still
+active? -- a self-uninstall after an internal error shows up here), and the summary
+reports those.
+
+Per test case (from regrtest's ``--junit-xml``) the pass/fail/skip sets of each mode are
+compared with the baseline; failures are re-run once (``-w``) in every mode alike so a
+timing-sensitive test does not show up as a difference. Exit status 0 when every mode
+matches its baseline on every interpreter.
+
+    python compat/cpython_suites.py                     # all interpreters, all modes
+    python compat/cpython_suites.py --python 3.12 --modes off,all --tests test_threading
+    python compat/cpython_suites.py --out /tmp/suites   # keep logs / XML there
+
+The summary is printed and written to ``OUT/summary.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+VERSIONS = ("3.11", "3.12", "3.13")
+DEFAULT_TESTS = (
+    "test_threading",
+    "test_threading_local",
+    "test_concurrent_futures",
+    "test_generators",
+    "test_coroutines",
+    "test_contextlib",
+    "test_contextlib_async",
+    "test_logging",
+)
+MODES = ("off", "user", "all")
+
+#: Differences that are not monstack bugs: test id suffix -> (modes, reason).
+EXPECTED = {
+    "test_generators.SignalAndYieldFromTest.test_raise_and_yield_from": (
+        ("user", "all"),
+        "CPython itself: with *any* sys.monitoring tool listening to PY_RESUME (even one whose "
+        "callback returns DISABLE), a SIGINT pending at `send` into a `yield from` chain is "
+        "raised in the outer generator at its instrumented RESUME, not the innermost one "
+        "(bpo-30039's guarantee); reproduced without monstack by a 10-line dummy tool",
+    ),
+    "test_threading.ExceptHookTests.test_original_excepthook": (
+        ("all",),
+        "by design: propagation adds a 'Work created at' note to an exception ending a thread; "
+        "with track='all' the note names the test's own lines, which differ between the two "
+        "threads the test compares (with the default policy the note is identical)",
+    ),
+}
+
+
+SITECUSTOMIZE = r'''
+import os, sys
+_mode = os.environ.get("MONSTACK_COMPAT_MODE", "off")
+_log = os.environ.get("MONSTACK_COMPAT_LOG")
+if _mode != "off":
+    def _note(text):
+        if _log:
+            try:
+                with open(_log, "a") as f:
+                    f.write(text + "\n")
+            except OSError:
+                pass
+    try:
+        import atexit, monstack
+        from monstack import _stack
+        monstack.install(track=_mode)  # on already through MONSTACK=1: same options -> no-op
+        _note(f"start {os.getpid()} {monstack.active_backend()} {monstack.status().get('policy')}")
+        def _at_exit():
+            _note(f"exit {os.getpid()} {monstack.active_backend()} seed={_stack.STATS['seed']} resync={_stack.STATS['resync']}")
+        atexit.register(_at_exit)
+    except Exception as exc:
+        _note(f"error {os.getpid()} {exc!r}")
+        raise
+'''
+
+
+def find_python(version: str) -> str | None:
+    """The interpreter for ``3.X``: pyenv's versions, then ``python3.X`` on PATH."""
+    roots = []
+    pyenv = shutil.which("pyenv")
+    if pyenv:
+        try:
+            roots.append(subprocess.run([pyenv, "root"], capture_output=True, text=True, check=True).stdout.strip())
+        except (OSError, subprocess.CalledProcessError):
+            pass
+    roots.append(os.path.expanduser("~/.pyenv"))
+    for root in roots:
+        for cand in sorted(glob.glob(f"{root}/versions/{version}.*/bin/python{version}"), reverse=True):
+            if os.access(cand, os.X_OK):
+                return cand
+    cand = shutil.which(f"python{version}")
+    return cand
+
+
+def available_tests(python: str, wanted: list[str]) -> tuple[list[str], list[str]]:
+    code = (
+        "import importlib.util, json, sys\n"
+        "out = {n: importlib.util.find_spec('test.' + n) is not None for n in sys.argv[1:]}\n"
+        "print(json.dumps(out))"
+    )
+    res = subprocess.run([python, "-c", code, *wanted], capture_output=True, text=True)
+    found = json.loads(res.stdout)
+    return [t for t in wanted if found.get(t)], [t for t in wanted if not found.get(t)]
+
+
+def parse_junit(path: Path) -> dict[str, str]:
+    """test id -> 'pass' | 'fail' | 'skip' (the last result of a re-run test wins)."""
+    out: dict[str, str] = {}
+    if not path.exists():
+        return out
+    try:
+        tree = ET.parse(path)
+    except ET.ParseError:
+        return out
+    for case in tree.iter("testcase"):
+        key = f"{case.get('classname', '')}.{case.get('name', '')}"
+        status = "pass"
+        for child in case:
+            if child.tag in ("failure", "error"):
+                status = "fail"
+            elif child.tag == "skipped" and status == "pass":
+                status = "skip"
+        out[key] = status
+    return out
+
+
+def run_mode(python: str, version: str, mode: str, tests: list[str], out: Path, hookdir: Path, timeout: int, jobs: int, root: Path, report_only: bool = False) -> dict:
+    tag = f"{version}-{mode}"
+    xml = out / f"{tag}.xml"
+    log = out / f"{tag}.log"
+    plog = out / f"{tag}.processes"
+    if report_only:
+        return _collect(xml, log, plog, rc=None, elapsed=0.0)
+    for p in (xml, plog):
+        if p.exists():
+            p.unlink()
+    env = dict(os.environ)
+    for k in ("MONSTACK", "MONSTACK_BACKEND", "PYTHONWARNINGS"):
+        env.pop(k, None)
+    env["PYTHONPATH"] = os.pathsep.join([str(hookdir), str(root)])
+    env["MONSTACK_COMPAT_MODE"] = mode
+    env["MONSTACK_COMPAT_LOG"] = str(plog)
+    if mode != "off":
+        env["MONSTACK"] = "1"
+    cmd = [python, "-m", "test", "-w", "--timeout", str(timeout), "--junit-xml", str(xml)]
+    if jobs > 1:
+        cmd += ["-j", str(jobs)]
+    cmd += tests
+    t0 = time.monotonic()
+    with open(log, "w") as f:
+        f.write("$ " + " ".join(cmd) + "\n")
+        f.flush()
+        rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=tempfile.gettempdir()).returncode
+    return _collect(xml, log, plog, rc=rc, elapsed=time.monotonic() - t0)
+
+
+def _collect(xml: Path, log: Path, plog: Path, rc, elapsed: float) -> dict:
+    results = parse_junit(xml)
+    procs = plog.read_text().splitlines() if plog.exists() else []
+    starts = [l for l in procs if l.startswith("start ")]
+    exits = [l for l in procs if l.startswith("exit ")]
+    errors = [l for l in procs if l.startswith("error ")]
+    # A process that started with a backend but ended without one turned itself off.
+    turned_off = [l for l in exits if l.split()[2] == "None"]
+    resyncs = sum(int(l.split("resync=")[1]) for l in exits if "resync=" in l)
+    return {
+        "rc": rc,
+        "seconds": round(elapsed),
+        "results": results,
+        "starts": len(starts),
+        "backends": sorted({l.split()[2] for l in starts}),
+        "turned_off": turned_off,
+        "errors": errors,
+        "resyncs": resyncs,
+        "monstack_warnings": _count_in(log, "MonstackWarning"),
+    }
+
+
+def _count_in(path: Path, needle: str) -> int:
+    try:
+        return path.read_text(errors="replace").count(needle)
+    except OSError:
+        return 0
+
+
+def counts(results: dict[str, str]) -> str:
+    c = {"pass": 0, "fail": 0, "skip": 0}
+    for s in results.values():
+        c[s] += 1
+    return f"{c['pass']} passed, {c['fail']} failed, {c['skip']} skipped"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--python", action="append", help="3.X or a path (repeatable); default: 3.11, 3.12, 3.13")
+    ap.add_argument("--modes", default=",".join(MODES), help="comma-separated subset of " + ",".join(MODES))
+    ap.add_argument("--tests", default=",".join(DEFAULT_TESTS), help="comma-separated regrtest names")
+    ap.add_argument("--out", default=None, help="directory for logs and XML (default: a temp dir)")
+    ap.add_argument("--timeout", type=int, default=1200, help="regrtest per-test timeout (s)")
+    ap.add_argument("-j", "--jobs", type=int, default=min(4, os.cpu_count() or 1), help="regrtest -j")
+    ap.add_argument("--report-only", action="store_true", help="summarise the logs/XML already in --out, run nothing")
+    ap.add_argument("--monstack", default=str(ROOT), help="directory holding the monstack package to test (default: this checkout)")
+    args = ap.parse_args(argv)
+    root = Path(args.monstack).resolve()
+
+    modes = [m for m in args.modes.split(",") if m]
+    if "off" not in modes:
+        modes.insert(0, "off")
+    bad = [m for m in modes if m not in MODES]
+    if bad:
+        ap.error(f"unknown modes {bad}; valid: {MODES}")
+    if args.report_only and not args.out:
+        ap.error("--report-only needs --out")
+    out = Path(args.out or tempfile.mkdtemp(prefix="monstack-suites-"))
+    out.mkdir(parents=True, exist_ok=True)
+    hookdir = out / "hook"
+    hookdir.mkdir(exist_ok=True)
+    (hookdir / "sitecustomize.py").write_text(SITECUSTOMIZE)
+
+    pythons = []
+    for spec in args.python or list(VERSIONS):
+        if os.sep in spec:
+            pythons.append((spec, spec))
+        else:
+            p = find_python(spec)
+            pythons.append((spec, p))
+    lines = ["# CPython regression suites with and without monstack", "", f"monstack from {root}", ""]
+    ok = True
+    for spec, python in pythons:
+        if python is None:
+            lines += [f"## CPython {spec}: NOT FOUND", ""]
+            ok = False
+            continue
+        full = subprocess.run([python, "-c", "import sys; print(sys.version.split()[0])"], capture_output=True, text=True).stdout.strip()
+        tests, missing = available_tests(python, args.tests.split(","))
+        lines += [f"## CPython {full} ({python})", ""]
+        if missing:
+            lines += [f"- not in this build's test package (skipped): {', '.join(missing)}"]
+        print(f"== CPython {full}: {' '.join(tests)}", flush=True)
+        res = {}
+        expected = False
+        for mode in modes:
+            print(f"-- {full} mode={mode} ...", flush=True)
+            res[mode] = run_mode(python, full, mode, tests, out, hookdir, args.timeout, args.jobs, root, args.report_only)
+            r = res[mode]
+            print(f"   {counts(r['results'])}; exit {r['rc']}; {r['seconds']} s; processes with monstack: {r['starts']} {r['backends']}", flush=True)
+        base = res["off"]["results"]
+        for mode in modes:
+            r = res[mode]
+            line = f"- `{mode}`: {counts(r['results'])} ({len(r['results'])} test cases, regrtest exit {r['rc']}, {r['seconds']} s)"
+            expected = False
+            if mode != "off":
+                line += f"; monstack on in {r['starts']} process(es), backend {', '.join(r['backends']) or '-'}"
+                line += f", resyncs {r['resyncs']}"
+                if r["turned_off"]:
+                    line += f", TURNED ITSELF OFF in {len(r['turned_off'])}"
+                    ok = False
+                if r["errors"]:
+                    line += f", start-up errors {r['errors'][:3]}"
+                    ok = False
+                if r["monstack_warnings"]:
+                    line += f", {r['monstack_warnings']} MonstackWarning line(s) in the log"
+                    ok = False
+                diff = {k: (base.get(k), r["results"].get(k)) for k in set(base) | set(r["results"]) if base.get(k) != r["results"].get(k)}
+                for k in sorted(diff):
+                    hit = next((e for e in EXPECTED if k.endswith(e) and mode in EXPECTED[e][0]), None)
+                    if hit is not None:
+                        line += f"\n    - expected: {k}: off={diff[k][0]} {mode}={diff[k][1]} ({EXPECTED[hit][1]})"
+                        del diff[k]
+                        expected = True
+                missing: dict = {}
+                for k in list(diff):
+                    if diff[k][1] is None:  # no result: the module timed out or crashed
+                        mod = ".".join(k.lstrip(".").split(".")[:3])
+                        missing[mod] = missing.get(mod, 0) + 1
+                        del diff[k]
+                for mod, n in sorted(missing.items()):
+                    line += f"\n    - NO RESULT for {n} test case(s) of {mod} (timed out or crashed: see the log)"
+                    ok = False
+                if not r["results"]:
+                    line += " -- NO RESULTS (see log)"
+                    ok = False
+                elif diff:
+                    ok = False
+                    line += f"\n    {len(diff)} DIFFERENCE(S) from `off`:"
+                    for k in sorted(diff)[:40]:
+                        line += f"\n    - {k}: off={diff[k][0]} {mode}={diff[k][1]}"
+                else:
+                    line += "\n    otherwise identical to `off`" if (expected or missing) else " -- identical to `off`"
+            lines.append(line)
+        if not base:
+            ok = False
+        lines.append("")
+    lines.append(f"Overall: {'SAME RESULTS with and without monstack' if ok else 'DIFFERENCES or problems (see above)'}; logs in {out}")
+    text = "\n".join(lines) + "\n"
+    (out / "summary.md").write_text(text)
+    print(text)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
