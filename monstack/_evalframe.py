@@ -398,7 +398,9 @@ def _find_tls_key(tls: Any) -> tuple:
     ldict = tls.__dict__  # creates this thread's dummy if needed
     addr = _fn(_api, "PyThreadState_GetDict", ctypes.c_void_p, [])()  # borrowed
     tdict = ctypes.cast(addr, ctypes.py_object).value  # a new, counted reference
-    for key, value in list(tdict.items()):
+    # dict.copy() runs no Python code while copying; iterating tdict itself could see a
+    # _thread._local of this thread dying (GC, weakref callback) and change size.
+    for key, value in tdict.copy().items():
         if type(value).__name__ == "_localdummy":
             for offset in (16,):
                 if _rd_ptr(id(value) + offset) == id(ldict):
