@@ -690,16 +690,35 @@ PyObject *ms_on_unwind(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
  * (lazy fill, resync, seeding) decides. */
 /* The fast case shared by snapshot_fast / snapshot_new: 1 and (*top borrowed, *lasti),
  * or 0. */
+/* 1 if `code` is known to be filtered (decision cached in co_extra for this policy, or
+ * its file decided False), else 0 (tracked or undecided). Runs no Python code. */
+static inline int ms_known_filtered(struct ms_state *st, PyCodeObject *code)
+{
+    Py_ssize_t idx = st->extra_index;
+    ms_code_extra *ex = (ms_code_extra *)code->co_extra;
+    if (ex != NULL && idx >= 0 && idx < ex->ce_size) {
+        uintptr_t v = (uintptr_t)ex->ce_extras[idx];
+        if ((v >> 2) == st->epoch && (v & 2u)) {
+            return (v & 1u) ? 0 : 1;
+        }
+    }
+    PyObject *d = API.PyDict_GetItemWithError(st->by_file, code->co_filename);
+    if (d == NULL) {
+        API.PyErr_Clear();
+        return 0;
+    }
+    return d == (PyObject *)API.false_;
+}
+
+/* How many known-filtered frames (a library, monstack's own helpers) the fast path
+ * looks through between snapshot() and the nearest tracked frame. */
+#define MS_FAST_FILTERED_HOPS 16
+
 static inline int ms_fast_top(struct ms_state *st, PyObject **top_out, long *lasti_out)
 {
     PyThreadState *ts = API.PyThreadState_Get();
     _PyInterpreterFrame *f = ms_current_frame(ts);
     if (f == NULL || ms_frame_code(f) == NULL) {
-        return 0;
-    }
-    _PyInterpreterFrame *caller = f->previous;
-    PyCodeObject *code;
-    if (caller == NULL || (code = ms_frame_code(caller)) == NULL) {
         return 0;
     }
     int is_none = 0;
@@ -710,8 +729,33 @@ static inline int ms_fast_top(struct ms_state *st, PyObject **top_out, long *las
     }
     PyObject *top = ((PyListObject *)cell)->ob_item[0];
     if (top == NONE || !IS_TYPE(top, tuple_type) || Py_SIZE(top) != 3 ||
-        PyTuple_GET_ITEM(top, 0) != (PyObject *)code || PyTuple_GET_ITEM(top, 2) == st->unknown) {
+        PyTuple_GET_ITEM(top, 2) == st->unknown) {
         return 0;
+    }
+    /* snapshot()'s caller, or -- when that caller is filtered code, as when a framework
+     * takes the snapshot for its user -- the nearest tracked frame above it, looking
+     * through at most MS_FAST_FILTERED_HOPS known-filtered frames (C-stack entry frames
+     * are skipped, as frame.f_back skips them). Undecided code: the Python path. */
+    _PyInterpreterFrame *caller = f->previous;
+    PyCodeObject *code;
+    int hops = 0;
+    for (;;) {
+        if (caller == NULL) {
+            return 0;
+        }
+        code = ms_frame_code(caller);
+        if (code != NULL) {
+            if (PyTuple_GET_ITEM(top, 0) == (PyObject *)code) {
+                break;
+            }
+            if (!ms_known_filtered(st, code)) {
+                return 0;
+            }
+        }
+        if (++hops > MS_FAST_FILTERED_HOPS) {
+            return 0;
+        }
+        caller = caller->previous;
     }
     long lasti = ms_frame_lasti(caller, code);
     if (lasti < 0) {

@@ -744,3 +744,37 @@ def test_identical_with_track_all_threads_first_frame_tracked():
         s_threads()
         assert monstack.active_backend() == "monitoring"
         assert native_counters()["errors"] == 0
+
+
+@needs_native
+def test_native_snapshot_looks_through_filtered_callers(tmp_path, monkeypatch):
+    """A framework (filtered) taking the snapshot for its user: the native fast path
+    answers without the Python capture, with the user's frames and lines."""
+    lib = tmp_path / "fw_for_native_snapshot.py"
+    lib.write_text(
+        "import monstack\n"
+        "def op(n):\n"
+        "    return dispatch(n)\n"
+        "def dispatch(n):\n"
+        "    return monstack.snapshot()\n"
+    )
+    ns: dict = {"__name__": "fw_for_native_snapshot"}
+    exec(compile(lib.read_text(), str(lib), "exec"), ns)
+    monstack.install(exclude=[str(tmp_path)], accelerator=True)
+    backend = _install._state.backend
+    assert backend.snapshot_native is not None
+    op = ns["op"]
+
+    def user(i):
+        return op(i), real_records()  # both on this line
+
+    op(0)  # the framework's files get decided (filtered) on their first events
+    user(0)
+    calls = []
+    real_capture = backend.capture
+    monkeypatch.setattr(backend, "capture", lambda frame: calls.append(1) or real_capture(frame))
+    for i in range(5):
+        snap, real = user(i)
+        assert shadow_records(snap) == real
+        assert shadow_records(snap)[-1][2] == "user"
+    assert calls == []  # answered natively: the Python capture never ran
