@@ -171,26 +171,25 @@ class OriginFormatterMixin:
             if origin is None:
                 record = getattr(_formatting, "record", None)
                 origin = getattr(record, ORIGIN_ATTR, None) if record is not None else None
-            if origin is None:
-                return text
-            chain = _origin_text(origin, self._use_color())
-            if not chain:
-                return text
-            return text + ("" if text.endswith("\n") else "\n") + chain.rstrip("\n")
+            return self._with_origin(text, origin)
         except Exception:
             return text
+
+    def _with_origin(self, text: str, origin: Any) -> str:
+        """``text`` followed by ``origin``'s chain (unchanged when there is none)."""
+        if origin is None:
+            return text
+        chain = _origin_text(origin, self._use_color())
+        if not chain:
+            return text
+        return text + ("" if text.endswith("\n") else "\n") + chain.rstrip("\n")
 
     def formatStack(self, stack_info: str) -> str:
         text: str = super().formatStack(stack_info)  # type: ignore[misc]
         try:
             record = getattr(_formatting, "record", None)
             origin = getattr(record, ORIGIN_ATTR, None) if record is not None else None
-            if origin is None:
-                return text
-            chain = _origin_text(origin, self._use_color())
-            if not chain:
-                return text
-            return text + ("" if text.endswith("\n") else "\n") + chain.rstrip("\n")
+            return self._with_origin(text, origin)
         except Exception:
             return text
 

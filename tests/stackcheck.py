@@ -40,3 +40,17 @@ def check(where: str = "") -> int:
 
 def _fmt(recs) -> str:
     return " > ".join(f"{name}:{line}" for _f, line, name in recs)
+
+
+def marker_lines(path: str):
+    """``line_of(marker)`` for the file at ``path``: the line number of the one line
+    ending in ``# @marker`` (tests name creating lines this way, not by number)."""
+    with open(path, encoding="utf-8") as fh:
+        source = fh.read().splitlines()
+
+    def line_of(marker: str) -> int:
+        hits = [i + 1 for i, text in enumerate(source) if text.rstrip().endswith(f"# @{marker}")]
+        assert len(hits) == 1, f"marker {marker!r} found {len(hits)} times"
+        return hits[0]
+
+    return line_of

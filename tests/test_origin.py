@@ -14,6 +14,8 @@ from typing import Any, Optional
 
 import pytest
 
+import stackcheck
+
 import monstack
 from monstack import _origin
 
@@ -28,14 +30,7 @@ print_exception = getattr(monstack, "print_exception", _origin.print_exception)
 
 HEADING = "Work created at (most recent call last):"
 THIS_FILE = __file__
-with open(__file__, encoding="utf-8") as _f:
-    _SOURCE = _f.read().splitlines()
-
-
-def line_of(marker: str) -> int:
-    hits = [i + 1 for i, text in enumerate(_SOURCE) if text.rstrip().endswith(f"# @{marker}")]
-    assert len(hits) == 1, f"marker {marker!r} found {len(hits)} times"
-    return hits[0]
+line_of = stackcheck.marker_lines(__file__)
 
 
 def innermost(snap: Optional[monstack.Snapshot]) -> tuple[str, int]:

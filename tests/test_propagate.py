@@ -23,6 +23,8 @@ from typing import Any, Optional
 
 import pytest
 
+import stackcheck
+
 import monstack
 from monstack import _origin, _propagate, _snapshot
 
@@ -32,15 +34,7 @@ current_origin = getattr(monstack, "current_origin", _origin.current_origin)
 format_exception = getattr(monstack, "format_exception", _origin.format_exception)
 
 THIS_FILE = __file__
-with open(__file__, encoding="utf-8") as _f:
-    _SOURCE = _f.read().splitlines()
-
-
-def line_of(marker: str) -> int:
-    """The line number of the line of this file ending in ``# @marker``."""
-    hits = [i + 1 for i, text in enumerate(_SOURCE) if text.rstrip().endswith(f"# @{marker}")]
-    assert len(hits) == 1, f"marker {marker!r} found {len(hits)} times"
-    return hits[0]
+line_of = stackcheck.marker_lines(__file__)
 
 
 def innermost(snap: Optional[monstack.Snapshot]) -> tuple[str, int]:
