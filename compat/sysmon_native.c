@@ -17,9 +17,10 @@
  *   - seeding a thread and resynchronising after a mismatched pop call the Python
  *     helpers `seed` / `resync` (rare slow paths, same rules as the Python callbacks).
  * One improvement: a push records the real call site (parent_lasti) instead of UNKNOWN
- * when the immediate caller frame is a complete Python frame running the top node's
- * code and the top node's own call site is known (so a node with a known call site is
- * always part of a chain that was verified, and capture's lazy check of unknown
+ * when the caller frame -- the nearest one past C-stack entry frames and known-filtered
+ * code, as capture's _fill walks f_back -- is a complete Python frame running the top
+ * node's code and the top node's own call site is known (so a node with a known call
+ * site is always part of a chain that was verified, and capture's lazy check of unknown
  * segments still sees every blind spot the Python callbacks leave).
  *
  * Hot paths (tracked push/pop) call no Python code. Callbacks are entered with no
@@ -70,7 +71,8 @@
     X(Py_ssize_t, PyLong_AsSsize_t, (PyObject *))                               \
     X(int, PyContextVar_Get, (PyObject *, PyObject *, PyObject **))             \
     X(void *, PyMem_Calloc, (size_t, size_t))                                   \
-    X(void, PyMem_Free, (void *))
+    X(void, PyMem_Free, (void *))                                               \
+    X(void, PyObject_GC_UnTrack, (void *))
 
 /* X(field, symbol): addresses of C-API objects (&symbol). */
 #define MS_OBJS(X)                                                              \
@@ -153,13 +155,23 @@ const uint64_t ms_layout[] = {
     offsetof(PyMethodDef, ml_flags),
     offsetof(PyCodeObject, co_extra),
     offsetof(PyDictObject, ma_version_tag),
+    offsetof(PyTypeObject, tp_basicsize),
+    offsetof(PyTypeObject, tp_itemsize),
+    offsetof(PyTypeObject, tp_flags),
+    offsetof(PyTypeObject, tp_base),
+    offsetof(PyTypeObject, tp_dictoffset),
+    offsetof(PyTypeObject, tp_weaklistoffset),
+    offsetof(PyTypeObject, tp_alloc),
+    Py_TPFLAGS_HAVE_GC,
 };
 __attribute__((used))
 const char ms_layout_names[] =
     "PY_VERSION_HEX\0sizeof_PyObject\0ts_id\0ts_interp\0ts_dict\0ts_frame\0"
     "if_code\0if_previous\0if_globals\0if_instr\0if_owner\0co_filename\0"
     "co_firsttraceable\0co_code_adaptive\0tuple_ob_item\0list_ob_item\0"
-    "var_ob_size\0sizeof_PyMethodDef\0ml_meth\0ml_flags\0co_extra\0ma_version_tag\0";
+    "var_ob_size\0sizeof_PyMethodDef\0ml_meth\0ml_flags\0co_extra\0ma_version_tag\0"
+    "tp_basicsize\0tp_itemsize\0tp_flags\0tp_base\0tp_dictoffset\0tp_weaklistoffset\0"
+    "tp_alloc\0TPFLAGS_HAVE_GC\0";
 
 /* ---------------------------------------------------------------- refcounts */
 /* Py_INCREF is inline with no external reference; Py_DECREF would name _Py_Dealloc. */
@@ -215,6 +227,12 @@ struct ms_state {
     PyObject *unknown;    /* monstack._stack.UNKNOWN (the int -1) */
     PyObject *s_cell;     /* "cell" */
     PyObject *s_dict;     /* "__dict__" */
+    /* snapshot_new's Snapshot class and origin ContextVar (strong; NULL until
+     * snapshot_setup), and whether its instances may be untracked by the GC */
+    PyObject *snap_cls;
+    PyObject *origin_var;
+    int snap_untrack;
+    int untrack_nodes;    /* code objects are not GC containers (always so in 3.12/3.13) */
     /* per-code decision cache in co_extra[extra_index] (-1: none): the value
      * (epoch << 2) | 2 | tracked, where epoch identifies this state's policy */
     Py_ssize_t extra_index;
@@ -273,6 +291,8 @@ static void ms_state_free(PyObject *capsule)
     ms_xdecref(st->unknown);
     ms_xdecref(st->s_cell);
     ms_xdecref(st->s_dict);
+    ms_xdecref(st->snap_cls);
+    ms_xdecref(st->origin_var);
     st->magic = 0;
     API.PyMem_Free(st);
 }
@@ -490,6 +510,31 @@ static PyObject *ms_cell_or_seed(PyObject *self, struct ms_state *st, PyThreadSt
 }
 
 /* ---------------------------------------------------------------- push / pop */
+/* 1 if `code` is known to be filtered (decision cached in co_extra for this policy, or
+ * its file decided False), else 0 (tracked or undecided). Runs no Python code. */
+static inline int ms_known_filtered(struct ms_state *st, PyCodeObject *code)
+{
+    Py_ssize_t idx = st->extra_index;
+    ms_code_extra *ex = (ms_code_extra *)code->co_extra;
+    if (ex != NULL && idx >= 0 && idx < ex->ce_size) {
+        uintptr_t v = (uintptr_t)ex->ce_extras[idx];
+        if ((v >> 2) == st->epoch && (v & 2u)) {
+            return (v & 1u) ? 0 : 1;
+        }
+    }
+    PyObject *d = API.PyDict_GetItemWithError(st->by_file, code->co_filename);
+    if (d == NULL) {
+        API.PyErr_Clear();
+        return 0;
+    }
+    return d == (PyObject *)API.false_;
+}
+
+/* How many known-filtered frames (a library, monstack's own helpers) the fast path
+ * looks through between snapshot() and the nearest tracked frame, and a push between
+ * the new frame and its tracked caller. */
+#define MS_FAST_FILTERED_HOPS 16
+
 static int ms_push(struct ms_state *st, PyThreadState *ts, PyObject *cell, PyObject *code)
 {
     /* Allocate first: a collection here may run Python code that changes cell[0]. */
@@ -504,11 +549,22 @@ static int ms_push(struct ms_state *st, PyThreadState *ts, PyObject *cell, PyObj
         PyTuple_GET_ITEM(top, 2) != st->unknown) {
         _PyInterpreterFrame *f = ms_current_frame(ts);
         if (f != NULL && (PyObject *)ms_frame_code(f) == code) {
+            /* The caller: the nearest frame that is neither a C-stack entry frame (a
+             * call through C: tp_call, next(), map()...) nor known-filtered code (a
+             * library calling back into user code), as capture's _fill walks f_back. */
             _PyInterpreterFrame *caller = f->previous;
-            PyCodeObject *ccode;
-            if (caller != NULL && (ccode = ms_frame_code(caller)) != NULL &&
-                (PyObject *)ccode == PyTuple_GET_ITEM(top, 0)) {
-                lasti = ms_frame_lasti(caller, ccode);
+            for (int hops = 0; caller != NULL && hops <= MS_FAST_FILTERED_HOPS; hops++) {
+                PyCodeObject *ccode = ms_frame_code(caller);
+                if (ccode != NULL) {
+                    if ((PyObject *)ccode == PyTuple_GET_ITEM(top, 0)) {
+                        lasti = ms_frame_lasti(caller, ccode);
+                        break;
+                    }
+                    if (!ms_known_filtered(st, ccode)) {
+                        break;
+                    }
+                }
+                caller = caller->previous;
             }
         }
     }
@@ -531,6 +587,12 @@ static int ms_push(struct ms_state *st, PyThreadState *ts, PyObject *cell, PyObj
     PyTuple_SET_ITEM(node, 0, code);
     PyTuple_SET_ITEM(node, 1, top); /* the cell's reference moves into the node */
     PyTuple_SET_ITEM(node, 2, off);
+    /* A node (code, parent node or None, int) can never be part of a reference cycle
+     * (code objects are not GC containers: checked at load), so the collector need
+     * not traverse it -- it would untrack it at its first pass anyway. */
+    if (LIKELY(st->untrack_nodes)) {
+        API.PyObject_GC_UnTrack(node);
+    }
     *slot = node;
     return 0;
 }
@@ -690,30 +752,6 @@ PyObject *ms_on_unwind(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
  * (lazy fill, resync, seeding) decides. */
 /* The fast case shared by snapshot_fast / snapshot_new: 1 and (*top borrowed, *lasti),
  * or 0. */
-/* 1 if `code` is known to be filtered (decision cached in co_extra for this policy, or
- * its file decided False), else 0 (tracked or undecided). Runs no Python code. */
-static inline int ms_known_filtered(struct ms_state *st, PyCodeObject *code)
-{
-    Py_ssize_t idx = st->extra_index;
-    ms_code_extra *ex = (ms_code_extra *)code->co_extra;
-    if (ex != NULL && idx >= 0 && idx < ex->ce_size) {
-        uintptr_t v = (uintptr_t)ex->ce_extras[idx];
-        if ((v >> 2) == st->epoch && (v & 2u)) {
-            return (v & 1u) ? 0 : 1;
-        }
-    }
-    PyObject *d = API.PyDict_GetItemWithError(st->by_file, code->co_filename);
-    if (d == NULL) {
-        API.PyErr_Clear();
-        return 0;
-    }
-    return d == (PyObject *)API.false_;
-}
-
-/* How many known-filtered frames (a library, monstack's own helpers) the fast path
- * looks through between snapshot() and the nearest tracked frame. */
-#define MS_FAST_FILTERED_HOPS 16
-
 static inline int ms_fast_top(struct ms_state *st, PyObject **top_out, long *lasti_out)
 {
     PyThreadState *ts = API.PyThreadState_Get();
@@ -766,25 +804,55 @@ static inline int ms_fast_top(struct ms_state *st, PyObject **top_out, long *las
     return 1;
 }
 
-/* snapshot_new(cls, origin_var) -> a Snapshot or None: the whole of snapshot()'s O(1)
- * case when no origin is set -- cls (a tuple subclass) instance
- * (top, lasti, None, None, 0), exactly what Snapshot._new(top, lasti, None) builds
- * (checked by monstack/_accel.py before it hands this out). None: take the Python path. */
+/* snapshot_setup(cls, origin_var) -> None: the Snapshot class snapshot_new builds (a
+ * tuple subclass) and the ContextVar of the current origin it reads. Its instances are
+ * untracked by the GC when they cannot be part of a cycle: no __dict__, no weakrefs, no
+ * extra slots (then a snapshot holds only nodes, ints and None). */
+__attribute__((used, noinline))
+PyObject *ms_snapshot_setup(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    struct ms_state *st = ms_state_of(self);
+    if (st == NULL || nargs != 2 || !IS_TYPE(Py_TYPE(args[0]), type_type)) {
+        API.PyErr_SetString((PyObject *)API.exc_type, "snapshot_setup(cls, origin_var) on a live state");
+        return NULL;
+    }
+    PyTypeObject *cls = (PyTypeObject *)args[0];
+    PyTypeObject *tup = (PyTypeObject *)API.tuple_type;
+    if (cls->tp_base != tup || cls->tp_alloc == NULL) {
+        API.PyErr_SetString((PyObject *)API.exc_type, "snapshot_setup(): cls must subclass tuple directly");
+        return NULL;
+    }
+    PyObject *old_cls = st->snap_cls, *old_var = st->origin_var;
+    Py_INCREF(args[0]);
+    Py_INCREF(args[1]);
+    st->snap_cls = args[0];
+    st->origin_var = args[1];
+    st->snap_untrack = st->untrack_nodes && cls->tp_basicsize == tup->tp_basicsize &&
+                       cls->tp_itemsize == tup->tp_itemsize && cls->tp_dictoffset == 0 &&
+                       cls->tp_weaklistoffset == 0;
+    ms_xdecref(old_cls);
+    ms_xdecref(old_var);
+    Py_INCREF(NONE);
+    return NONE;
+}
+
+/* snapshot_new() -> a Snapshot or None: the whole of snapshot()'s O(1) case when no
+ * origin is set -- an instance of snapshot_setup's cls, (top, lasti, None, None, 0),
+ * exactly what Snapshot._new(top, lasti, None) builds (checked by monstack/_accel.py
+ * before it hands this out). None: take the Python path. */
 __attribute__((used, noinline))
 PyObject *ms_snapshot_new(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
+    (void)args;
     struct ms_state *st = ms_state_of(self);
     PyObject *top;
     long lasti;
-    if (UNLIKELY(st == NULL || nargs != 2 || !IS_TYPE(Py_TYPE(args[0]), type_type))) {
+    if (UNLIKELY(st == NULL || nargs != 0 || st->snap_cls == NULL)) {
         goto none;
     }
-    PyTypeObject *cls = (PyTypeObject *)args[0];
-    if (cls->tp_base != (PyTypeObject *)API.tuple_type || cls->tp_alloc == NULL) {
-        goto none;
-    }
+    PyTypeObject *cls = (PyTypeObject *)st->snap_cls;
     PyObject *origin = NULL;
-    if (API.PyContextVar_Get(args[1], NULL, &origin) < 0) {
+    if (API.PyContextVar_Get(st->origin_var, NULL, &origin) < 0) {
         API.PyErr_Clear();
         goto none;
     }
@@ -822,6 +890,9 @@ PyObject *ms_snapshot_new(PyObject *self, PyObject *const *args, Py_ssize_t narg
     Py_INCREF(NONE);
     PyTuple_SET_ITEM(snap, 3, NONE);
     PyTuple_SET_ITEM(snap, 4, zero);
+    if (st->snap_untrack) {
+        API.PyObject_GC_UnTrack(snap);
+    }
     return snap;
 none:
     Py_INCREF(NONE);
@@ -931,6 +1002,7 @@ PyObject *ms_new_state(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     }
     st->extra_index = extra_index;
     st->epoch = (uint64_t)epoch;
+    st->untrack_nodes = !(((PyTypeObject *)API.code_type)->tp_flags & Py_TPFLAGS_HAVE_GC);
     st->magic = MS_MAGIC;
     PyObject *cap = API.PyCapsule_New(st, STATE_NAME, ms_state_free);
     if (cap == NULL) {

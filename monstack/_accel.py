@@ -22,7 +22,6 @@ difference:
 from __future__ import annotations
 
 import ctypes
-import functools
 import os
 import struct
 import sys
@@ -148,8 +147,32 @@ def _verify_layout(blob: _native.Blob) -> None:
     need(ctypes.c_void_p.from_address(id(cap) + lay["sizeof_PyObject"]).value == ctypes.addressof(marker),
          "PyCapsule pointer field")
     del cap
+    _verify_type_fields(lay, need)
     _verify_code_extra(lay, need)
     _verify_dict_version(lay, need)
+
+
+def _verify_type_fields(lay: Dict[str, int], need: Callable[[bool, str], None]) -> None:
+    """The PyTypeObject fields snapshot_setup/snapshot_new read (and the GC flag)."""
+
+    class Sub(tuple):
+        __slots__ = ()
+
+    class WithDict:
+        pass
+
+    def word(obj: Any, key: str, kind: Any = ctypes.c_ssize_t) -> Any:
+        return kind.from_address(id(obj) + lay[key]).value
+
+    need(word(tuple, "tp_basicsize") == tuple.__basicsize__, "PyTypeObject.tp_basicsize")
+    need(word(tuple, "tp_itemsize") == tuple.__itemsize__, "PyTypeObject.tp_itemsize")
+    need(word(Sub, "tp_flags", ctypes.c_ulong) == Sub.__flags__, "PyTypeObject.tp_flags")
+    need(word(Sub, "tp_base", ctypes.c_void_p) == id(tuple), "PyTypeObject.tp_base")
+    need(word(WithDict, "tp_dictoffset") == WithDict.__dictoffset__, "PyTypeObject.tp_dictoffset")
+    need(word(WithDict, "tp_weaklistoffset") == WithDict.__weakrefoffset__, "PyTypeObject.tp_weaklistoffset")
+    alloc = ctypes.cast(ctypes.pythonapi.PyType_GenericAlloc, ctypes.c_void_p).value
+    need(word(Sub, "tp_alloc", ctypes.c_void_p) == alloc, "PyTypeObject.tp_alloc")
+    need(lay["TPFLAGS_HAVE_GC"] == 1 << 14 and bool(tuple.__flags__ & lay["TPFLAGS_HAVE_GC"]), "Py_TPFLAGS_HAVE_GC")
 
 
 def _verify_code_extra(lay: Dict[str, int], need: Callable[[bool, str], None]) -> None:
@@ -364,13 +387,14 @@ def snapshot_new(callback: Any, cls: Any = None, origin_var: Any = None) -> Opti
     if not ok:
         raise _native.NativeUnavailable(why)
     assert _blob is not None
-    raw = _native.cached_function(_blob, "ms_snapshot_new", "snapshot_new", self_obj=callback.__self__)
     try:
         if cls.__base__ is not tuple or cls._new(None, 7, None) != (None, 7, None, None, 0):
             return None
     except Exception:
         return None
-    return functools.partial(raw, cls, origin_var)
+    state = callback.__self__
+    _native.cached_function(_blob, "ms_snapshot_setup", "snapshot_setup", self_obj=state)(cls, origin_var)
+    return _native.cached_function(_blob, "ms_snapshot_new", "snapshot_new", self_obj=state)
 
 
 def empty_callback() -> Callable:

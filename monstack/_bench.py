@@ -64,7 +64,8 @@ class Config:
         self.depths = (10, 50, 200)
         self.pool_tasks = 100_000
         self.pool_rounds = 3  # each run of 100k tasks is seconds long: fewer rounds
-        self.opqueue_ops = 24_000
+        self.opqueue_ops = 6_000
+        self.opqueue_rounds = 9  # pairs (no capture, mode) per mode
         self.opqueue_depth = 30
         self.opqueue_layers = 3  # dispatch layers per op (8 helper calls each)
         self.crossover_layers = (0, 1, 2, 6, 12)
@@ -87,12 +88,12 @@ class Config:
 CONFIGS = {
     "full": lambda: Config("full"),
     "quick": lambda: Config(
-        "quick", rounds=3, pool_tasks=800, pool_rounds=3, opqueue_ops=1_800, crossover_layers=(0, 1),
-        crossover_rounds=2, memory_snapshots=20_000, memory_walk_snapshots=1_000, diagnostics=False,
+        "quick", rounds=3, pool_tasks=800, pool_rounds=3, opqueue_ops=1_800, opqueue_rounds=5,
+        crossover_layers=(0, 1), crossover_rounds=4, memory_snapshots=20_000, memory_walk_snapshots=1_000, diagnostics=False,
     ),
     "tiny": lambda: Config(
         "tiny", rounds=1, target=0.0005, depths=(10, 50), pool_tasks=100, pool_rounds=1, opqueue_ops=240,
-        opqueue_depth=10, crossover_layers=(0, 1), crossover_rounds=1, memory_snapshots=1_000,
+        opqueue_rounds=1, opqueue_depth=10, crossover_layers=(0, 1), crossover_rounds=1, memory_snapshots=1_000,
         memory_walk_snapshots=100,
     ),
 }
@@ -752,6 +753,49 @@ def _interleaved(
     return times
 
 
+def _paired(
+    work: Callable[[], Any],
+    base: Mode,
+    modes: Sequence[Mode],
+    rounds: int,
+    warm: Optional[Callable[[], Any]] = None,
+    after: Optional[Callable[[str], Any]] = None,
+) -> dict[str, list[tuple[float, float]]]:
+    """Per mode, one (base seconds, mode seconds) pair per round, the two measured back
+    to back (best of two after a warm-up each; which goes first alternates).
+
+    This machine's speed drifts by up to 2x over a few hundred ms: a ratio of two runs
+    taken milliseconds apart is far steadier than one across a whole round of modes."""
+    out: dict[str, list[tuple[float, float]]] = {m.name: [] for m in modes}
+    k = len(modes)
+
+    def measure(m: Mode) -> float:
+        gc.collect()
+        m.enter()
+        try:
+            was = monstack.active_backend()
+            (warm or work)()
+            t = _best(work)
+            if was is not None and monstack.active_backend() != was:
+                m.turned_off += 1
+        finally:
+            m.exit()
+        if after is not None:
+            after(m.name)
+        return t
+
+    for r in range(rounds):
+        for i, m in enumerate(list(modes[r % k:]) + list(modes[: r % k])):
+            if (r + i) % 2:
+                tm = measure(m)
+                tb = measure(base)
+            else:
+                tb = measure(base)
+                tm = measure(m)
+            out[m.name].append((tb, tm))
+    return out
+
+
 def _ratios(times: dict[str, list[float]], base: str, modes: Sequence[Mode] = ()) -> dict[str, dict]:
     out = {name: _summary([t / b for t, b in zip(ts, times[base])]) for name, ts in times.items() if name != base}
     _mark_invalid(out, modes)
@@ -1159,13 +1203,14 @@ def opqueue(cfg: Config, w: Optional[types.ModuleType] = None) -> dict:
         oq.issued = oq.ran = oq.snapshots = 0
         oq.last_snapshot = None
 
-    times = _interleaved(oq.run, modes, cfg.rounds, warm=oq.warm, after=account)
-    base = times["no capture"]
-    out["ratios"] = _ratios(times, "no capture", modes)
-    out["us per op"] = {name: _summary([t / oq.ops * 1e6 for t in ts]) for name, ts in times.items()}
-    out["overhead us per op"] = {
-        name: _summary([(t - b) / oq.ops * 1e6 for t, b in zip(ts, base)]) for name, ts in times.items() if name != "no capture"
-    }
+    pairs = _paired(oq.run, modes[0], modes[1:], cfg.opqueue_rounds, warm=oq.warm, after=account)
+    base = [b for ps in pairs.values() for b, _ in ps]
+    out["ratios"] = {name: _summary([t / b for b, t in ps]) for name, ps in pairs.items()}
+    _mark_invalid(out["ratios"], modes)
+    out["us per op"] = {"no capture": _summary([b / oq.ops * 1e6 for b in base])}
+    out["us per op"].update({name: _summary([t / oq.ops * 1e6 for _, t in ps]) for name, ps in pairs.items()})
+    out["overhead us per op"] = {name: _summary([(t - b) / oq.ops * 1e6 for b, t in ps]) for name, ps in pairs.items()}
+    out["method"] = "paired: each mode measured back to back with no capture, per-pair ratios"
     out["checks"] = per_mode
     out["snapshot depth"] = {}
     out["snapshot top"] = {}
@@ -1193,10 +1238,10 @@ def _crossover(cfg: Config, oq: OpQueue, main: dict) -> dict:
     points = []
     for layers in cfg.crossover_layers:
         oq.fw.LAYERS = layers
-        times = _interleaved(oq.run, [none, tracked], cfg.crossover_rounds, warm=oq.warm)
-        base_us = statistics.median(times["no capture"]) / oq.ops * 1e6
-        overhead_us = statistics.median([(t - b) / oq.ops * 1e6 for t, b in zip(times["default policy"], times["no capture"])])
-        ratio = _summary([t / b for t, b in zip(times["default policy"], times["no capture"])])
+        ps = _paired(oq.run, none, [tracked], cfg.crossover_rounds, warm=oq.warm)["default policy"]
+        base_us = statistics.median([b for b, _ in ps]) / oq.ops * 1e6
+        overhead_us = statistics.median([(t - b) / oq.ops * 1e6 for b, t in ps])
+        ratio = _summary([t / b for b, t in ps])
         points.append({
             "dispatch layers": layers,
             "helper calls per op": 8 * layers + 2,
@@ -1511,12 +1556,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--quick", action="store_true", help="smaller sizes, 3 rounds (< 30 s)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--only", default="", help="comma-separated sections: " + ",".join(SECTIONS))
-    p.add_argument("--rounds", type=int, default=None, help="rounds (default 7, --quick 3)")
+    p.add_argument("--rounds", type=int, default=None, help="rounds of every section (default 7, --quick 3; op-queue pairs: 9, --quick 5)")
     p.add_argument("--config", choices=sorted(CONFIGS), default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     cfg = CONFIGS[args.config or ("quick" if args.quick else "full")]()
     if args.rounds:
-        cfg.rounds = max(1, args.rounds)
+        cfg.rounds = cfg.opqueue_rounds = max(1, args.rounds)
     sections = [s.strip() for s in args.only.split(",") if s.strip()] or None
     run(as_json=args.json, config=cfg, sections=sections)
     return 0

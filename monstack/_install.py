@@ -195,13 +195,14 @@ def snapshot() -> Snapshot:
 
     Without ``install()`` it walks the real frames (the ``walk`` backend, default policy).
     """
-    frame = _getframe(1)
     fast = _fast
     if fast is not None:  # inline fast path of _stack.make_capture (keep them in step)
-        if fast[2] is not None:  # native: reads *this* function's caller; None = slow path
-            snap = fast[2]()
+        native = fast[2]
+        if native is not None:  # reads *this* function's caller; None = slow path
+            snap = native()
             if snap is not None:
                 return snap
+        frame = _getframe(1)  # after the native path: materialising a frame object costs
         code = frame.f_code
         if code.co_filename in fast[0]:
             try:
@@ -213,6 +214,8 @@ def snapshot() -> Snapshot:
                 if origin is None:  # Snapshot._new inlined for the common case
                     return _tuple_new(Snapshot, (top, frame.f_lasti, None, None, 0))
                 return _new_snapshot(top, frame.f_lasti, origin)
+    else:
+        frame = _getframe(1)
     state = _state
     try:
         node, lasti = (state.backend if state is not None else _walker()).capture(frame)

@@ -708,21 +708,133 @@ def test_native_snapshot_paths_equal_the_python_snapshot():
             assert via_new() is None
         finally:
             CURRENT_ORIGIN.reset(token)
-        # called through C (no direct Python caller): both decline
-        assert list(map(lambda _: via_fast(), [0])) == [None]
-        assert list(map(lambda _: via_new(), [0])) == [None]
+        # called through C (map): the lambda's push skipped the C-stack entry frame and
+        # recorded its caller's site, so the native paths answer -- with the real stack
+        [(r, s, p, real)] = list(map(lambda _: (via_fast(), via_new(), monstack.snapshot(), real_records()), [0]))
+        assert r is not None and s is not None
+        assert shadow_records(s) == shadow_records(p) == real
+
+
+_DEEP_LIB = """
+def down(n, fn):
+    if n:
+        return down(n - 1, fn)
+    return fn()
+
+def call(fn):
+    return fn()
+"""
+
+
+def _filtered_lib(tmp_path, name):
+    """A module in tmp_path (to be excluded from tracking): ``down(n, fn)`` calls ``fn``
+    n + 1 frames down, ``call(fn)`` one frame down."""
+    lib = tmp_path / f"{name}.py"
+    lib.write_text(_DEEP_LIB)
+    ns: dict = {"__name__": name}
+    exec(compile(_DEEP_LIB, str(lib), "exec"), ns)
+    return ns
 
 
 @needs_native
-def test_native_snapshot_declines_unknown_call_sites():
+def test_native_snapshot_declines_unknown_call_sites(tmp_path):
+    lib = _filtered_lib(tmp_path, "deep_filtered_lib")
+    with tracking(True, exclude=[str(tmp_path)]):
+        via_fast, via_new = _snap_helpers()
+        lib["down"](0, lambda: None)  # the library gets decided (filtered)
+
+        def callback():
+            return via_fast(), via_new(), monstack.snapshot(), real_records()  # one line
+
+        # more known-filtered frames between the callback and its tracked caller than
+        # a push looks through: its call site is left unknown, the native paths decline,
+        # snapshot() fills it from the real frames
+        # (the native code looks through at most 16: MS_FAST_FILTERED_HOPS)
+        r, s, p, real = lib["down"](20, callback)
+        assert (r, s) == (None, None)
+        assert shadow_records(p) == real
+        # a shallow library: the push records the site, the native paths answer
+        r, s, p, real = lib["down"](3, callback)
+        assert r is not None and s is not None
+        assert shadow_records(s) == shadow_records(p) == real
+
+
+class _CallThroughC:
+    """Calling an instance goes through C (slot_tp_call): a C-stack entry frame sits
+    between __call__ and its caller."""
+
+    def __call__(self):
+        return _top_and_real()
+
+
+def _top_and_real():
+    return _stack.TLS.cell[0], monstack.snapshot(), real_records(sys._getframe())  # one line
+
+
+@needs_native
+def test_push_records_call_sites_through_c_and_filtered_frames(tmp_path):
+    """A push records its caller's call site when the caller is reached past C-stack
+    entry frames (tp_call, map, sorted keys...) or known-filtered library frames, so
+    snapshots there take the native fast path; the sites equal the real stack's."""
+    lib = _filtered_lib(tmp_path, "callback_lib")
+    through_c = _CallThroughC()
+    with tracking(True, exclude=[str(tmp_path)]):
+        lib["call"](lambda: None)  # decided (filtered) on its first events
+
+        def user(i):
+            return [
+                through_c(),
+                list(map(lambda _: _top_and_real(), [i]))[0],
+                lib["call"](_top_and_real),
+                lib["down"](5, _top_and_real),
+            ]
+
+        user(0)
+        before = native_counters()
+        for i in range(20):
+            for top, snap, real in user(i):
+                # _top_and_real's node and its caller's (entered through C or a library)
+                assert top[2] != _stack.UNKNOWN and top[1][2] != _stack.UNKNOWN
+                assert shadow_records(snap) == real
+        after = native_counters()
+    assert after["push_unknown"] == before["push_unknown"]
+    assert after["push_known"] - before["push_known"] >= 20 * 6
+
+
+@needs_native
+def test_native_snapshots_and_nodes_are_not_gc_tracked():
+    """Snapshots from the native path and natively pushed nodes hold only nodes, ints
+    and None -- never part of a cycle -- so the collector does not traverse them."""
     with tracking(True):
         via_fast, via_new = _snap_helpers()
 
-        def entered_from_c(_):
-            return via_fast(), via_new()
+        def user():
+            return via_new()
 
-        # entered from C: its node's call site is unknown until a capture fills it
-        assert list(map(entered_from_c, [0])) == [(None, None)]
+        snap = user()
+        assert snap is not None and shadow_records(snap)[-1][2] == "user"
+        assert not gc.is_tracked(snap)
+        assert not gc.is_tracked(snap._node)
+        # a Snapshot-like class that can take part in a cycle (instances have a __dict__)
+        # stays tracked
+        class Weak(tuple):
+            @classmethod
+            def _new(cls, node, lasti, origin=None):
+                return tuple.__new__(cls, (node, lasti, None, None, 0))
+
+        from monstack._snapshot import CURRENT_ORIGIN
+
+        weak_new = _accel.snapshot_new(_registered(), Weak, CURRENT_ORIGIN)
+        ns = {"snap_new": weak_new}
+        exec(compile("def via():\n    return snap_new()\n",
+                     os.path.join(os.path.dirname(_install.__file__), "_test_accel_weak.py"), "exec"), ns)
+
+        def user2():
+            return ns["via"]()
+
+        w = user2()
+        assert type(w) is Weak and gc.is_tracked(w)
+        w.me = w  # the cycle the collector must still be able to see
 
 
 @needs_native
