@@ -231,6 +231,7 @@ struct ms_state {
      * snapshot_setup), and whether its instances may be untracked by the GC */
     PyObject *snap_cls;
     PyObject *origin_var;
+    PyObject *slow;       /* monstack.snapshot: capture()'s fallback (strong; or NULL) */
     int snap_untrack;
     int untrack_nodes;    /* code objects are not GC containers (always so in 3.12/3.13) */
     /* per-code decision cache in co_extra[extra_index] (-1: none): the value
@@ -293,6 +294,7 @@ static void ms_state_free(PyObject *capsule)
     ms_xdecref(st->s_dict);
     ms_xdecref(st->snap_cls);
     ms_xdecref(st->origin_var);
+    ms_xdecref(st->slow);
     st->magic = 0;
     API.PyMem_Free(st);
 }
@@ -752,7 +754,7 @@ PyObject *ms_on_unwind(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
  * (lazy fill, resync, seeding) decides. */
 /* The fast case shared by snapshot_fast / snapshot_new: 1 and (*top borrowed, *lasti),
  * or 0. */
-static inline int ms_fast_top(struct ms_state *st, PyObject **top_out, long *lasti_out)
+static inline int ms_fast_top(struct ms_state *st, int from_caller, PyObject **top_out, long *lasti_out)
 {
     PyThreadState *ts = API.PyThreadState_Get();
     _PyInterpreterFrame *f = ms_current_frame(ts);
@@ -774,7 +776,7 @@ static inline int ms_fast_top(struct ms_state *st, PyObject **top_out, long *las
      * takes the snapshot for its user -- the nearest tracked frame above it, looking
      * through at most MS_FAST_FILTERED_HOPS known-filtered frames (C-stack entry frames
      * are skipped, as frame.f_back skips them). Undecided code: the Python path. */
-    _PyInterpreterFrame *caller = f->previous;
+    _PyInterpreterFrame *caller = from_caller ? f->previous : f;
     PyCodeObject *code;
     int hops = 0;
     for (;;) {
@@ -804,16 +806,32 @@ static inline int ms_fast_top(struct ms_state *st, PyObject **top_out, long *las
     return 1;
 }
 
-/* snapshot_setup(cls, origin_var) -> None: the Snapshot class snapshot_new builds (a
- * tuple subclass) and the ContextVar of the current origin it reads. Its instances are
- * untracked by the GC when they cannot be part of a cycle: no __dict__, no weakrefs, no
- * extra slots (then a snapshot holds only nodes, ints and None). */
+/* snapshot_setup(cls, origin_var, slow) -> None: the Snapshot class snapshot_new and
+ * capture build (a tuple subclass), the ContextVar of the current origin they read, and
+ * capture()'s fallback (monstack.snapshot). Instances are untracked by the GC when they
+ * cannot be part of a cycle: no __dict__, no weakrefs, no extra slots (then a snapshot
+ * holds only nodes, ints and None). snapshot_setup(None, None, None) retires the fast
+ * paths (uninstall): capture() then always falls back. */
 __attribute__((used, noinline))
 PyObject *ms_snapshot_setup(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     struct ms_state *st = ms_state_of(self);
-    if (st == NULL || nargs != 2 || !IS_TYPE(Py_TYPE(args[0]), type_type)) {
-        API.PyErr_SetString((PyObject *)API.exc_type, "snapshot_setup(cls, origin_var) on a live state");
+    if (st == NULL || nargs != 3) {
+        API.PyErr_SetString((PyObject *)API.exc_type, "snapshot_setup(cls, origin_var, slow) on a live state");
+        return NULL;
+    }
+    PyObject *old_cls = st->snap_cls, *old_var = st->origin_var, *old_slow = st->slow;
+    if (args[0] == NONE) {
+        /* retire: capture() keeps working through st->slow (kept), the rest declines */
+        st->snap_cls = NULL;
+        st->origin_var = NULL;
+        ms_xdecref(old_cls);
+        ms_xdecref(old_var);
+        Py_INCREF(NONE);
+        return NONE;
+    }
+    if (!IS_TYPE(Py_TYPE(args[0]), type_type)) {
+        API.PyErr_SetString((PyObject *)API.exc_type, "snapshot_setup(): cls must be a type");
         return NULL;
     }
     PyTypeObject *cls = (PyTypeObject *)args[0];
@@ -822,32 +840,32 @@ PyObject *ms_snapshot_setup(PyObject *self, PyObject *const *args, Py_ssize_t na
         API.PyErr_SetString((PyObject *)API.exc_type, "snapshot_setup(): cls must subclass tuple directly");
         return NULL;
     }
-    PyObject *old_cls = st->snap_cls, *old_var = st->origin_var;
     Py_INCREF(args[0]);
     Py_INCREF(args[1]);
+    Py_INCREF(args[2]);
     st->snap_cls = args[0];
     st->origin_var = args[1];
+    st->slow = args[2];
     st->snap_untrack = st->untrack_nodes && cls->tp_basicsize == tup->tp_basicsize &&
                        cls->tp_itemsize == tup->tp_itemsize && cls->tp_dictoffset == 0 &&
                        cls->tp_weaklistoffset == 0;
     ms_xdecref(old_cls);
     ms_xdecref(old_var);
+    ms_xdecref(old_slow);
     Py_INCREF(NONE);
     return NONE;
 }
 
-/* snapshot_new() -> a Snapshot or None: the whole of snapshot()'s O(1) case when no
- * origin is set -- an instance of snapshot_setup's cls, (top, lasti, None, None, 0),
- * exactly what Snapshot._new(top, lasti, None) builds (checked by monstack/_accel.py
- * before it hands this out). None: take the Python path. */
-__attribute__((used, noinline))
-PyObject *ms_snapshot_new(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+/* The O(1) snapshot when no origin is set: an instance of snapshot_setup's cls,
+ * (top, lasti, None, None, 0), exactly what Snapshot._new(top, lasti, None) builds
+ * (checked by monstack/_accel.py before it hands the functions out), of the current
+ * frame (from_caller = 0) or of its caller (1). A new reference, None (new reference:
+ * take the Python path) or NULL with an exception. */
+static PyObject *ms_build_snapshot(struct ms_state *st, int from_caller)
 {
-    (void)args;
-    struct ms_state *st = ms_state_of(self);
     PyObject *top;
     long lasti;
-    if (UNLIKELY(st == NULL || nargs != 0 || st->snap_cls == NULL)) {
+    if (UNLIKELY(st->snap_cls == NULL)) {
         goto none;
     }
     PyTypeObject *cls = (PyTypeObject *)st->snap_cls;
@@ -863,7 +881,7 @@ PyObject *ms_snapshot_new(PyObject *self, PyObject *const *args, Py_ssize_t narg
             goto none;
         }
     }
-    if (!ms_fast_top(st, &top, &lasti)) {
+    if (!ms_fast_top(st, from_caller, &top, &lasti)) {
         goto none;
     }
     PyObject *off = API.PyLong_FromLong(lasti);
@@ -897,6 +915,51 @@ PyObject *ms_snapshot_new(PyObject *self, PyObject *const *args, Py_ssize_t narg
 none:
     Py_INCREF(NONE);
     return NONE;
+}
+
+/* snapshot_new() -> a Snapshot of the caller of the Python function calling it (that
+ * is, snapshot()'s caller) or None: the Python path decides. */
+__attribute__((used, noinline))
+PyObject *ms_snapshot_new(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)args;
+    struct ms_state *st = ms_state_of(self);
+    if (UNLIKELY(st == NULL || nargs != 0)) {
+        Py_INCREF(NONE);
+        return NONE;
+    }
+    return ms_build_snapshot(st, 1);
+}
+
+/* capture() -> the Snapshot of its caller, always: monstack.snapshotter()'s function.
+ * The O(1) case natively (no Python frame of its own, unlike snapshot()); anything
+ * else -- an origin set, an unknown call site, a retired state -- calls monstack.snapshot
+ * (from C, so that function's caller is capture()'s caller). */
+__attribute__((used, noinline))
+PyObject *ms_capture(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)args;
+    struct ms_state *st = ms_state_of(self);
+    if (UNLIKELY(st == NULL || st->slow == NULL)) {
+        API.PyErr_SetString((PyObject *)API.exc_type, "monstack capture(): not set up");
+        return NULL;
+    }
+    if (UNLIKELY(nargs != 0)) {
+        API.PyErr_SetString((PyObject *)API.exc_type, "capture() takes no arguments");
+        return NULL;
+    }
+    PyObject *snap = ms_build_snapshot(st, 0);
+    if (snap != NONE) {
+        return snap;
+    }
+    ms_decref(snap);
+    PyObject *slow = st->slow;
+    Py_INCREF(slow); /* the Python path may retire this state */
+    Py_INCREF(self);
+    PyObject *res = ms_call(self, slow, NULL);
+    ms_decref(self);
+    ms_decref(slow);
+    return res;
 }
 
 __attribute__((used, noinline))

@@ -5,6 +5,7 @@ from ._install import (
     active_backend,
     install,
     snapshot,
+    snapshotter,
     status,
     uninstall,
 )
@@ -37,6 +38,7 @@ __all__ = [
     "origin_of",
     "print_exception",
     "snapshot",
+    "snapshotter",
     "status",
     "uninstall",
     "wrap",

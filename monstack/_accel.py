@@ -392,9 +392,27 @@ def snapshot_new(callback: Any, cls: Any = None, origin_var: Any = None) -> Opti
             return None
     except Exception:
         return None
+    from ._install import snapshot
+
     state = callback.__self__
-    _native.cached_function(_blob, "ms_snapshot_setup", "snapshot_setup", self_obj=state)(cls, origin_var)
+    _native.cached_function(_blob, "ms_snapshot_setup", "snapshot_setup", self_obj=state)(cls, origin_var, snapshot)
     return _native.cached_function(_blob, "ms_snapshot_new", "snapshot_new", self_obj=state)
+
+
+def capture_function(callback: Any) -> Callable[[], Any]:
+    """``monstack.snapshotter()``'s native function for the state behind ``callback``
+    (after ``snapshot_new`` set it up): the snapshot of *its own* caller, with no Python
+    frame in between; whatever the native case does not cover, and everything once
+    ``retire`` ran, goes to ``monstack.snapshot``."""
+    assert _blob is not None
+    return _native.cached_function(_blob, "ms_capture", "snapshot", self_obj=callback.__self__)
+
+
+def retire(callback: Any) -> None:
+    """Uninstall (or a distrusted shadow stack): the native snapshot paths of this state
+    decline from now on; functions handed out keep working through ``monstack.snapshot``."""
+    assert _blob is not None
+    _native.cached_function(_blob, "ms_snapshot_setup", "snapshot_setup", self_obj=callback.__self__)(None, None, None)
 
 
 def empty_callback() -> Callable:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 import threading
 import warnings
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from . import _backend, _propagate
 from ._policy import Policy, make_policy
@@ -119,6 +119,10 @@ def disable_fast_path() -> None:
     """
     global _fast
     _fast = None
+    state = _state
+    retire = getattr(state.backend, "retire_fast", None) if state is not None else None
+    if retire is not None:
+        retire()
 
 
 def _set_fast() -> None:
@@ -224,6 +228,21 @@ def snapshot() -> Snapshot:
             _on_internal_error(exc)
         node, lasti = _walker().capture(frame)
     return _new_snapshot(node, lasti, _get_origin())
+
+
+def snapshotter() -> Callable[[], Snapshot]:
+    """A function equivalent to ``snapshot()``, for code that captures very often (a
+    framework taking a snapshot per op): bind it once, call it per op.
+
+    With the native accelerator (CPython 3.12/3.13) it is a C function with no Python
+    frame of its own, about 0.1 us cheaper per call than ``snapshot()``; otherwise it is
+    ``snapshot`` itself. It belongs to the current install: after ``uninstall()`` or
+    another ``install()`` it still returns correct snapshots (through ``snapshot()``),
+    only without the saving -- ask again after installing.
+    """
+    state = _state
+    fn = getattr(state.backend, "capture_native", None) if state is not None and _fast is not None else None
+    return fn if fn is not None else snapshot
 
 
 _getframe = sys._getframe

@@ -190,6 +190,9 @@ class MonitoringBackend:
         self.accel_reason = "not started"
         #: Native whole-snapshot fast path (``_accel.snapshot_new``), or None.
         self.snapshot_native: Optional[Callable[[], Any]] = None
+        #: ``monstack.snapshotter()``'s native function (``_accel.capture_function``), or None.
+        self.capture_native: Optional[Callable[[], Any]] = None
+        self._native_cb: Any = None
 
     def _choose_callbacks(self) -> bool:
         """Native callbacks or not, recording why (for ``info``)."""
@@ -235,7 +238,11 @@ class MonitoringBackend:
             from . import _accel
 
             callbacks = _accel.callbacks(self.policy, _stack.TLS, self.on_error)
-            self.snapshot_native = _accel.snapshot_new(callbacks[mon.events.PY_START])
+            cb = callbacks[mon.events.PY_START]
+            self.snapshot_native = _accel.snapshot_new(cb)
+            if self.snapshot_native is not None:
+                self.capture_native = _accel.capture_function(cb)
+                self._native_cb = cb
         else:
             callbacks = _callbacks(self.policy, _stack.TLS, self.on_error)
         self.native = native
@@ -245,13 +252,25 @@ class MonitoringBackend:
             events |= event
         mon.set_events(self.tool, events)
 
+    def retire_fast(self) -> None:
+        """The native snapshot paths stop answering (uninstall, or a shadow stack that can
+        no longer be trusted); handed-out ``snapshotter()`` functions fall back to
+        ``monstack.snapshot``."""
+        cb, self._native_cb = self._native_cb, None
+        self.snapshot_native = None
+        self.capture_native = None
+        if cb is not None:
+            from . import _accel
+
+            _accel.retire(cb)
+
     def stop(self) -> None:
         tool = self.tool
         if tool is None:
             return
         mon = sys.monitoring
         self.tool = None
-        self.snapshot_native = None
+        self.retire_fast()
         if mon.get_tool(tool) != TOOL_NAME:
             return  # somebody freed it under us; nothing of ours is left there
         mon.set_events(tool, 0)

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import textwrap
 import threading
 
 import pytest
 from conftest import expected_backend, needs_sysmon
-from stackcheck import check, shadow_records
+from stackcheck import check, real_records, shadow_records
 
 import monstack
 from monstack import _backend, _stack
@@ -228,3 +229,65 @@ def test_internal_error_in_a_callback_warns_once_and_uninstalls(monkeypatch):
 
         assert user_code() == 42  # the user's code still runs and returns normally
     assert monstack.active_backend() is None
+
+
+# --------------------------------------------------------------------------- snapshotter()
+def _nested(fn, depth=3):
+    """fn() and the real records, called ``depth`` frames down."""
+    if depth:
+        return _nested(fn, depth - 1)
+    return fn(), real_records()  # one line: same lineno
+
+
+def test_snapshotter_is_snapshot_when_nothing_faster_exists():
+    assert monstack.snapshotter() is monstack.snapshot  # not installed
+    monstack.install(backend="walk")
+    assert monstack.snapshotter() is monstack.snapshot
+
+
+@pytest.mark.parametrize("phase", ["installed", "after uninstall", "after reinstall"])
+def test_snapshotter_gives_what_snapshot_gives(phase):
+    """Bound once, called per op: the same records as snapshot() and the real stack,
+    also once the install it came from is gone (it falls back to snapshot())."""
+    monstack.install()
+    cap = monstack.snapshotter()
+    if phase != "installed":
+        monstack.uninstall()
+    if phase == "after reinstall":
+        monstack.install()
+    for _ in range(3):
+        snap, real = _nested(cap)
+        assert shadow_records(snap) == real
+    # through C (map) and with an origin set: still its caller's stack, origin attached
+    [(snap, real)] = list(map(lambda _: (cap(), real_records()), [0]))
+    assert shadow_records(snap) == real
+    parent = monstack.snapshot()
+    with monstack.origin(parent):
+        snap = cap()
+    assert snap.origin is not None and shadow_records(snap.origin) == shadow_records(parent)
+
+
+@needs_sysmon
+def test_snapshotter_is_native_where_the_accelerator_runs_and_retires_cleanly(monkeypatch):
+    from monstack import _accel, _install
+
+    ok, why = _accel.available()
+    if not ok or os.environ.get("MONSTACK_ACCELERATOR") == "0":
+        pytest.skip(f"native accelerator not in use: {why}")
+    monstack.install()
+    cap = monstack.snapshotter()
+    assert cap is not monstack.snapshot and type(cap).__name__ == "builtin_function_or_method"
+    backend = _install._state.backend
+    calls = []
+    real_capture = backend.capture
+    monkeypatch.setattr(backend, "capture", lambda frame: calls.append(1) or real_capture(frame))
+    _nested(cap)  # nodes filled
+    snap, real = _nested(cap)
+    assert shadow_records(snap) == real
+    assert calls == []  # answered natively
+    # a backend that stops trusting its shadow stack retires the native paths too
+    _install.disable_fast_path()
+    snap, real = _nested(cap)
+    assert shadow_records(snap) == real and calls
+    with pytest.raises(TypeError):
+        cap(1)
