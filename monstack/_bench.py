@@ -88,8 +88,8 @@ class Config:
 CONFIGS = {
     "full": lambda: Config("full"),
     "quick": lambda: Config(
-        "quick", rounds=3, pool_tasks=800, pool_rounds=3, opqueue_ops=1_800, opqueue_rounds=9,
-        crossover_layers=(0, 1), crossover_rounds=4, memory_snapshots=20_000, memory_walk_snapshots=1_000, diagnostics=False,
+        "quick", rounds=3, pool_tasks=800, pool_rounds=3, opqueue_ops=1_800, opqueue_rounds=7,
+        crossover_layers=(0, 1), crossover_rounds=3, memory_snapshots=20_000, memory_walk_snapshots=1_000, diagnostics=False,
     ),
     "tiny": lambda: Config(
         "tiny", rounds=1, target=0.0005, depths=(10, 50), pool_tasks=100, pool_rounds=1, opqueue_ops=240,
@@ -1599,7 +1599,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--quick", action="store_true", help="smaller sizes, 3 rounds (< 30 s)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--only", default="", help="comma-separated sections: " + ",".join(SECTIONS))
-    p.add_argument("--rounds", type=int, default=None, help="rounds of every section (default 7, --quick 3; op-queue pairs: 21, --quick 9)")
+    p.add_argument("--rounds", type=int, default=None, help="rounds of every section (default 7, --quick 3; op-queue pairs: 21, --quick 7)")
     p.add_argument("--config", choices=sorted(CONFIGS), default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     cfg = CONFIGS[args.config or ("quick" if args.quick else "full")]()

@@ -34,6 +34,9 @@ _lock = threading.RLock()
 _state: Optional[_State] = None
 #: (tracked file names, TLS) of the running tracking backend, for snapshot()'s fast path.
 _fast: Optional[tuple] = None
+#: The native whole-snapshot function (``_accel.snapshot_new``) of the running install, or
+#: None: snapshot()'s first test, kept apart from ``_fast`` to save it a few bytecodes.
+_native_snapshot: Optional[Callable[[], Any]] = None
 _default_walk: Any = None
 _failure_reported = False
 #: Hooks run after a backend starts / before it stops (propagation, logging, ...).
@@ -117,8 +120,8 @@ def disable_fast_path() -> None:
     For backends that learn the shadow stack can no longer be trusted (another tool
     replaced the eval_frame function) or that have an error to report from ``capture()``.
     """
-    global _fast
-    _fast = None
+    global _fast, _native_snapshot
+    _fast = _native_snapshot = None
     state = _state
     retire = getattr(state.backend, "retire_fast", None) if state is not None else None
     if retire is not None:
@@ -126,23 +129,24 @@ def disable_fast_path() -> None:
 
 
 def _set_fast() -> None:
-    global _fast
+    global _fast, _native_snapshot
     state = _state
     if state is not None and state.backend.tracking:
         from . import _stack
 
-        _fast = (state.policy.tracked_set(), _stack.TLS, getattr(state.backend, "snapshot_native", None))
+        _native_snapshot = getattr(state.backend, "snapshot_native", None)
+        _fast = (state.policy.tracked_set(), _stack.TLS)
     else:
-        _fast = None
+        _fast = _native_snapshot = None
 
 
 def _uninstall_locked() -> None:
-    global _state, _fast
+    global _state, _fast, _native_snapshot
     state = _state
     if state is None:
         return
     _state = None
-    _fast = None
+    _fast = _native_snapshot = None
     try:
         for hook in list(reversed(_stop_hooks)):
             try:
@@ -199,13 +203,13 @@ def snapshot() -> Snapshot:
 
     Without ``install()`` it walks the real frames (the ``walk`` backend, default policy).
     """
+    native = _native_snapshot
+    if native is not None:  # reads *this* function's caller; None: the paths below
+        snap = native()
+        if snap is not None:
+            return snap
     fast = _fast
     if fast is not None:  # inline fast path of _stack.make_capture (keep them in step)
-        native = fast[2]
-        if native is not None:  # reads *this* function's caller; None = slow path
-            snap = native()
-            if snap is not None:
-                return snap
         frame = _getframe(1)  # after the native path: materialising a frame object costs
         code = frame.f_code
         if code.co_filename in fast[0]:

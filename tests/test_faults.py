@@ -102,7 +102,7 @@ def monstack_tool_ids() -> list[int]:
 
 def assert_cleanly_off(tool: int | None) -> None:
     assert monstack.active_backend() is None
-    assert _install._state is None and _install._fast is None
+    assert _install._state is None and _install._fast is None and _install._native_snapshot is None
     assert monstack_tool_ids() == []
     if tool is not None:
         assert sys.monitoring.get_tool(tool) is None
@@ -297,6 +297,7 @@ def test_fault_in_snapshot_capture_falls_back_to_walk(faults, monkeypatch):
 
     monkeypatch.setattr(state.backend, "capture", broken_capture)
     monkeypatch.setattr(_install, "_fast", None)  # no inline fast path: through capture()
+    monkeypatch.setattr(_install, "_native_snapshot", None)
 
     def fresh():
         return monstack.snapshot()

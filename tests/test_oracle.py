@@ -495,6 +495,7 @@ def test_oracle_catches_a_snapshot_missing_a_frame(progdir, monkeypatch):
 
     monkeypatch.setattr(backend, "capture", lossy)
     monkeypatch.setattr(_install, "_fast", None)  # force the capture path
+    monkeypatch.setattr(_install, "_native_snapshot", None)
     with pytest.raises(stackcheck.Mismatch):
         run_program(FIXED_PROGRAM, progdir, strict_resync=False)
 
