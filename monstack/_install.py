@@ -32,7 +32,8 @@ class _State:
 
 _lock = threading.RLock()
 _state: Optional[_State] = None
-#: (tracked file names, TLS) of the running tracking backend, for snapshot()'s fast path.
+#: (tracked file names, file -> decision, TLS) of the running tracking backend, for
+#: snapshot()'s fast path.
 _fast: Optional[tuple] = None
 #: The native whole-snapshot function (``_accel.snapshot_new``) of the running install, or
 #: None: snapshot()'s first test, kept apart from ``_fast`` to save it a few bytecodes.
@@ -135,7 +136,7 @@ def _set_fast() -> None:
         from . import _stack
 
         _native_snapshot = getattr(state.backend, "snapshot_native", None)
-        _fast = (state.policy.tracked_set(), _stack.TLS)
+        _fast = (state.policy.tracked_set(), state.policy.tracked_files(), _stack.TLS)
     else:
         _fast = _native_snapshot = None
 
@@ -211,17 +212,31 @@ def snapshot() -> Snapshot:
     fast = _fast
     if fast is not None:  # inline fast path of _stack.make_capture (keep them in step)
         frame = _getframe(1)  # after the native path: materialising a frame object costs
-        code = frame.f_code
-        if code.co_filename in fast[0]:
+        tracked, by_file, tls = fast
+        f: Any = frame
+        code = f.f_code
+        hops = 0
+        # A framework taking the snapshot for its user: look through frames of files
+        # already decided filtered, as the native path does; anything else: capture().
+        while code.co_filename not in tracked:
+            if hops == _FILTERED_HOPS or by_file.get(code.co_filename) is not False:
+                f = None
+                break
+            f = f.f_back
+            if f is None:
+                break
+            code = f.f_code
+            hops += 1
+        if f is not None:
             try:
-                top = fast[1].cell[0]
+                top = tls.cell[0]
             except AttributeError:
                 top = None
             if top is not None and top[0] is code and top[2] != -1:
                 origin = _get_origin()
                 if origin is None:  # Snapshot._new inlined for the common case
-                    return _tuple_new(Snapshot, (top, frame.f_lasti, None, None, 0))
-                return _new_snapshot(top, frame.f_lasti, origin)
+                    return _tuple_new(Snapshot, (top, f.f_lasti, None, None, 0))
+                return _new_snapshot(top, f.f_lasti, origin)
     else:
         frame = _getframe(1)
     state = _state
@@ -249,6 +264,8 @@ def snapshotter() -> Callable[[], Snapshot]:
     return fn if fn is not None else snapshot
 
 
+#: Filtered frames snapshot()'s inline path looks through (the native one: 16 too).
+_FILTERED_HOPS = 16
 _getframe = sys._getframe
 _new_snapshot = Snapshot._new
 _tuple_new = tuple.__new__

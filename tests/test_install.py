@@ -8,7 +8,7 @@ import textwrap
 import threading
 
 import pytest
-from conftest import expected_backend, needs_sysmon
+from conftest import CONFIG, expected_backend, needs_sysmon, tracking
 from stackcheck import check, real_records, shadow_records
 
 import monstack
@@ -291,3 +291,41 @@ def test_snapshotter_is_native_where_the_accelerator_runs_and_retires_cleanly(mo
     assert shadow_records(snap) == real and calls
     with pytest.raises(TypeError):
         cap(1)
+
+
+@tracking
+def test_inline_snapshot_looks_through_filtered_callers(tmp_path, monkeypatch):
+    """snapshot()'s Python fast path (the one 3.11 and the pure-Python callbacks use),
+    called by a framework for its user: it looks through the framework's frames to the
+    user's instead of falling back to the full capture."""
+    from monstack import _install
+
+    lib = tmp_path / "fw_for_inline_snapshot.py"
+    lib.write_text(
+        "import monstack\n"
+        "def op(n):\n"
+        "    return dispatch(n)\n"
+        "def dispatch(n):\n"
+        "    return monstack.snapshot()\n"
+    )
+    ns: dict = {"__name__": "fw_for_inline_snapshot"}
+    exec(compile(lib.read_text(), str(lib), "exec"), ns)
+    op = ns["op"]
+    monstack.install(exclude=[str(tmp_path)])
+    monkeypatch.setattr(_install, "_native_snapshot", None)  # the Python path only
+    backend = _install._state.backend
+
+    def user(i):
+        return op(i), real_records()  # one line
+
+    op(0)  # the framework's file gets decided (filtered)
+    user(0)
+    calls = []
+    real_capture = backend.capture
+    monkeypatch.setattr(backend, "capture", lambda frame: calls.append(1) or real_capture(frame))
+    for i in range(5):
+        snap, real = user(i)
+        assert shadow_records(snap) == real
+        assert shadow_records(snap)[-1][2] == "user"
+    if CONFIG != "python":  # pure-Python pushes leave call sites to the capture's fill
+        assert calls == []
