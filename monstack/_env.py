@@ -36,3 +36,17 @@ def env_backend() -> str | None:
     """The backend named in ``MONSTACK_BACKEND``, or None when unset/empty."""
     value = os.environ.get(BACKEND_ENV, "").strip().lower()
     return value or None
+
+
+def sha256_hex(data: bytes) -> str:
+    """sha256 of ``data`` with CPython's built-in implementation when there is one
+    (``_sha2`` on 3.12+, ``_sha256`` on 3.11): ``hashlib`` loads OpenSSL, ~5 ms at start-up
+    just to check the stored machine code against its manifest."""
+    try:
+        from _sha2 import sha256  # type: ignore[import-not-found]
+    except ImportError:
+        try:
+            from _sha256 import sha256  # type: ignore[import-not-found,no-redef]
+        except ImportError:
+            from hashlib import sha256  # type: ignore[no-redef]
+    return sha256(data).hexdigest()

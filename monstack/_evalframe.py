@@ -478,9 +478,7 @@ def _load_into(nat: _Native) -> Optional[str]:
         return f"no shim code for {_env.MACHINE} (built for: {', '.join(sorted(meta.get('arches', {})))})"
     with open(os.path.join(NATIVE_DIR, arch["blob"]), "rb") as fh:
         image = fh.read()
-    import hashlib
-
-    if hashlib.sha256(image).hexdigest() != arch["sha256"]:
+    if _env.sha256_hex(image) != arch["sha256"]:
         return f"{arch['blob']} does not match its recorded checksum"
     nat.meta, nat.arch = meta, arch
     off = arch["interp_offsets"]

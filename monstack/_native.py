@@ -20,7 +20,6 @@ Only ``ctypes`` is needed: no compiler on the user's machine.
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import json
 import mmap
 import os
@@ -29,6 +28,8 @@ import struct
 import sys
 import threading
 from typing import Any, Callable, Dict, List, Optional
+
+from . import _env
 
 NATIVE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_native")
 
@@ -176,7 +177,7 @@ def _load(name: str, expect_table_magic: Optional[int]) -> Blob:
             data = f.read()
     except OSError as exc:
         raise NativeUnavailable(f"{name}.bin unreadable ({exc})") from None
-    if hashlib.sha256(data).hexdigest() != manifest.get("sha256"):
+    if _env.sha256_hex(data) != manifest.get("sha256"):
         raise NativeUnavailable(f"{name}.bin does not match its manifest (sha256)")
     size = int(manifest["size"])
     if size < len(data):
