@@ -194,3 +194,22 @@ def test_main_only_section_and_install_state_restored(capsys):
 def test_unknown_section_is_refused():
     with pytest.raises(ValueError, match="valid choices"):
         _bench.run(file=io.StringIO(), config=_bench.CONFIGS["tiny"](), sections=["nope"])
+
+
+def test_opqueue_cost_script_runs(tmp_path):
+    """compat/opqueue_cost.py (the README's instruction counts and long pair runs) works
+    on this checkout: a tiny pairs run and a tiny instructions run."""
+    import os
+    import subprocess
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    script = os.path.join(root, "compat", "opqueue_cost.py")
+    env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    out = subprocess.run([sys.executable, script, "pairs", "1", "240", "--no-worker"],
+                         capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    for row in ("no capture again", "installed, no snapshot", "snapshotter()", "snapshot()"):
+        assert row in out.stdout
+    out = subprocess.run([sys.executable, script, "instructions", "snapshotter", "240"],
+                         capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr

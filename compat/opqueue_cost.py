@@ -1,0 +1,112 @@
+#!/usr/bin/env python3
+"""The bench's op-queue workload, measured the two ways the README quotes.
+
+``instructions MODE N``: runs N ops of the op-queue producer (user model -> framework
+dispatch -> snapshot -> queue) with the ops queued to a list instead of the worker thread,
+for counting instructions under valgrind (deterministic where wall clock is not)::
+
+    for n in 4800 14400; do
+      PYTHONPATH=. valgrind --tool=cachegrind --cache-sim=no --cachegrind-out-file=/dev/null \\
+        python3.12 compat/opqueue_cost.py instructions snapshotter $n 2>&1 | grep "I *refs"
+    done
+    # instructions per op = (refs at 14400 - refs at 4800) / 9600
+
+  MODE: ``none`` (not installed), ``installed`` (default policy, no snapshot),
+  ``snapshotter`` (the framework binds monstack.snapshotter()), ``snapshot`` (it calls
+  monstack.snapshot), ``filtered`` (installed, the model excluded too: every code object
+  filtered).
+
+``pairs ROUNDS OPS [--no-worker]``: wall clock, each mode measured back to back with its
+own no-capture run (the bench's ``_paired``), many short runs; prints the median of the
+per-pair ratios with the quartiles and the ratio of the sums. ``no capture again`` is the
+noise floor.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+
+import monstack
+from monstack import _bench
+
+
+def _setup(ops: int):
+    w = _bench._workloads()
+    fw = _bench._framework()
+    fw.LAYERS = 3
+    return w, fw, _bench.OpQueue(w, fw, ops, 30)
+
+
+def instructions(mode: str, ops: int) -> None:
+    w, fw, oq = _setup(ops)
+    sink: list = []
+    fw._put = sink.append
+    if mode == "filtered":
+        monstack.install(exclude=[_bench.WORKLOAD_MODULE])
+    elif mode != "none":
+        monstack.install()
+    oq.configure({"snapshotter": True, "snapshot": "snapshot"}.get(mode, False))
+    w.run_model(oq.depth, oq.model, oq.x, 100)  # warm: specialised, instrumented, decided
+    sink.clear()
+    for _ in range(20):
+        w.run_model(oq.depth, oq.model, oq.x, max(1, oq.steps // 20))
+        sink.clear()
+
+
+def pairs(rounds: int, ops: int, worker: bool) -> None:
+    w, fw, oq = _setup(ops)
+    sink: list = []
+
+    def no_worker() -> None:
+        fw._put = sink.append
+        w.run_model(oq.depth, oq.model, oq.x, oq.steps)
+        sink.clear()
+
+    def mode(name: str, enter, capture) -> _bench.Mode:
+        def go():
+            info = enter()
+            oq.configure(capture)
+            return info
+
+        return _bench.Mode(name, go, _bench._nothing)
+
+    base = mode("no capture", _bench._nothing, False)
+    modes = [
+        mode("no capture again", _bench._nothing, False),
+        mode("installed, no snapshot", _bench._installer(), False),
+        mode("snapshotter()", _bench._installer(), True),
+        mode("snapshot()", _bench._installer(), "snapshot"),
+    ]
+    run = oq.run if worker else no_worker
+    out = _bench._paired(run, base, modes, rounds, warm=None if not worker else oq.warm)
+    print(f"CPython {sys.version.split()[0]}, {rounds} pairs of {oq.ops}-op runs, "
+          f"{'worker thread' if worker else 'no worker (ops queued to a list)'}")
+    for name, ps in out.items():
+        r = sorted(t / b for b, t in ps)
+        q = len(r) // 4
+        print(f"  {name:24s} median {statistics.median(r):.3f} [{r[q]:.2f}-{r[-q - 1]:.2f}]"
+              f"  ratio of sums {sum(t for _, t in ps) / sum(b for b, _ in ps):.3f}")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    i = sub.add_parser("instructions")
+    i.add_argument("mode", choices=["none", "installed", "snapshotter", "snapshot", "filtered"])
+    i.add_argument("ops", type=int)
+    q = sub.add_parser("pairs")
+    q.add_argument("rounds", type=int)
+    q.add_argument("ops", type=int)
+    q.add_argument("--no-worker", action="store_true")
+    a = p.parse_args(argv)
+    if a.cmd == "instructions":
+        instructions(a.mode, a.ops)
+    else:
+        pairs(a.rounds, a.ops, not a.no_worker)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
