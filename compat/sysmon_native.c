@@ -20,8 +20,9 @@
  * when the caller frame -- the nearest one past C-stack entry frames and known-filtered
  * code, as capture's _fill walks f_back -- is a complete Python frame running the top
  * node's code and the top node's own call site is known (so a node with a known call
- * site is always part of a chain that was verified, and capture's lazy check of unknown
- * segments still sees every blind spot the Python callbacks leave).
+ * site is always part of a chain that was verified; the one blind spot this cannot see
+ * -- frames CPython links without events on a throw into a delegating generator -- is
+ * closed by the (Python) PY_THROW callback, which rebuilds the stack from the real frames).
  *
  * Hot paths (tracked push/pop) call no Python code. Callbacks are entered with no
  * exception pending (CPython stashes it around the call) and always return a

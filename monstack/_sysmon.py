@@ -41,6 +41,13 @@ def tool_holders() -> dict[int, str]:
     return out
 
 
+#: Code flags of frames that can be suspended and later resumed by a throw (generators,
+#: coroutines, async generators, @types.coroutine generators).
+#: (inspect.CO_GENERATOR | CO_COROUTINE | CO_ITERABLE_COROUTINE | CO_ASYNC_GENERATOR, without
+#: importing inspect at start-up; tests check the values.)
+_SUSPENDABLE = 0x20 | 0x80 | 0x100 | 0x200
+
+
 def _callbacks(policy: Policy, tls, on_error: Callable[[BaseException], None]):
     """The six callbacks, as closures over their state (locals are the fastest reads)."""
     mon = sys.monitoring
@@ -101,15 +108,29 @@ def _callbacks(policy: Policy, tls, on_error: Callable[[BaseException], None]):
         # it in while the inner frames ran). Pushing could duplicate it, and a duplicate
         # of a recursive generator is invisible to capture()'s check (same code above and
         # below). So a throw rebuilds the stack from the real frames, itself included.
+        # A throw into *library* code that tracked generators delegate to links their
+        # frames without events too, and fires PY_THROW for the library frame only:
+        # rebuild as well when the nearest tracked caller is a generator or coroutine
+        # frame (it may be one of those; a plain function frame was pushed normally).
         try:
-            if code.co_filename in tracked_set or decide(code):
-                top = build(getframe(1), policy)[0]
-                try:
-                    tls.cell[0] = top
-                except AttributeError:
-                    tls.cell = [top]
-                    stats["seed"] += 1
-                stats["throw"] += 1
+            frame = getframe(1)
+            if not (code.co_filename in tracked_set or decide(code)):
+                f = frame.f_back
+                while f is not None:
+                    c = f.f_code
+                    name = c.co_filename
+                    if name in tracked_set or (by_file.get(name) is None and is_tracked(c, f.f_globals.get("__name__"))):
+                        break
+                    f = f.f_back
+                if f is None or not (f.f_code.co_flags & _SUSPENDABLE):
+                    return
+            top = build(frame, policy)[0]
+            try:
+                tls.cell[0] = top
+            except AttributeError:
+                tls.cell = [top]
+                stats["seed"] += 1
+            stats["throw"] += 1
         except Exception as err:
             on_error(err)
 
