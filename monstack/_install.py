@@ -209,9 +209,12 @@ def snapshot() -> Snapshot:
         snap = native()
         if snap is not None:
             return snap
-    fast = _fast
-    if fast is not None:  # inline fast path of _stack.make_capture (keep them in step)
+    try:
         frame = _getframe(1)  # after the native path: materialising a frame object costs
+    except ValueError:  # called straight from C with no Python frame (a bare _thread start)
+        frame = None
+    fast = _fast
+    if fast is not None and frame is not None:  # inline fast path of _stack.make_capture
         tracked, by_file, tls = fast
         f: Any = frame
         code = f.f_code
@@ -237,8 +240,6 @@ def snapshot() -> Snapshot:
                 if origin is None:  # Snapshot._new inlined for the common case
                     return _tuple_new(Snapshot, (top, f.f_lasti, None, None, 0))
                 return _new_snapshot(top, f.f_lasti, origin)
-    else:
-        frame = _getframe(1)
     state = _state
     try:
         node, lasti = (state.backend if state is not None else _walker()).capture(frame)

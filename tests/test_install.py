@@ -329,3 +329,27 @@ def test_inline_snapshot_looks_through_filtered_callers(tmp_path, monkeypatch):
         assert shadow_records(snap)[-1][2] == "user"
     if CONFIG != "python":  # pure-Python pushes leave call sites to the capture's fill
         assert calls == []
+
+
+@pytest.mark.parametrize("how", ["not installed", "installed", "walk"])
+def test_snapshot_called_with_no_python_frame_at_all_does_not_raise(how, capfd):
+    """_thread.start_new_thread(fn, ()) calls fn straight from C: no Python caller. The
+    snapshot is then empty, never an exception (snapshotter()'s function falls back to
+    snapshot() and must not raise either)."""
+    import _thread
+
+    if how == "installed":
+        monstack.install()
+    elif how == "walk":
+        monstack.install(backend="walk")
+    before = _thread._count()
+    for fn in (monstack.snapshot, monstack.snapshotter()):
+        _thread.start_new_thread(fn, ())  # fn is the thread's function: no frame at all
+    deadline = threading.Event()
+    for _ in range(1000):  # wait (bounded) until both bare threads have finished
+        if _thread._count() <= before:
+            break
+        deadline.wait(0.01)
+    assert _thread._count() <= before
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "Exception" not in err, err
