@@ -88,8 +88,8 @@ class Config:
 CONFIGS = {
     "full": lambda: Config("full"),
     "quick": lambda: Config(
-        "quick", rounds=3, pool_tasks=800, pool_rounds=3, opqueue_ops=1_800, opqueue_rounds=7,
-        crossover_layers=(0, 1), crossover_rounds=3, memory_snapshots=20_000, memory_walk_snapshots=1_000, diagnostics=False,
+        "quick", rounds=3, pool_tasks=800, pool_rounds=3, opqueue_ops=1_800, opqueue_rounds=5,
+        crossover_layers=(0, 1), crossover_rounds=2, memory_snapshots=20_000, memory_walk_snapshots=1_000, diagnostics=False,
     ),
     "tiny": lambda: Config(
         "tiny", rounds=1, target=0.0005, depths=(10, 50), pool_tasks=100, pool_rounds=1, opqueue_ops=240,
@@ -738,19 +738,27 @@ def _interleaved(
     k = len(modes)
     for r in range(rounds):
         for m in list(modes[r % k:]) + list(modes[: r % k]):
-            gc.collect()
-            m.enter()
-            try:
-                was = monstack.active_backend()
-                (warm or work)()
-                times[m.name].append(_best(work))
-                if was is not None and monstack.active_backend() != was:
-                    m.turned_off += 1
-            finally:
-                m.exit()
-            if after is not None:
-                after(m.name)
+            times[m.name].append(_measure(m, work, warm, after))
     return times
+
+
+def _measure(m: Mode, work: Callable[[], Any], warm: Optional[Callable[[], Any]],
+             after: Optional[Callable[[str], Any]]) -> float:
+    """One measurement of ``work`` in mode ``m``: best of two after a warm-up; counts the
+    rounds in which monstack turned itself off."""
+    gc.collect()
+    m.enter()
+    try:
+        was = monstack.active_backend()
+        (warm or work)()
+        t = _best(work)
+        if was is not None and monstack.active_backend() != was:
+            m.turned_off += 1
+    finally:
+        m.exit()
+    if after is not None:
+        after(m.name)
+    return t
 
 
 def _paired(
@@ -770,19 +778,7 @@ def _paired(
     k = len(modes)
 
     def measure(m: Mode) -> float:
-        gc.collect()
-        m.enter()
-        try:
-            was = monstack.active_backend()
-            (warm or work)()
-            t = _best(work)
-            if was is not None and monstack.active_backend() != was:
-                m.turned_off += 1
-        finally:
-            m.exit()
-        if after is not None:
-            after(m.name)
-        return t
+        return _measure(m, work, warm, after)
 
     for r in range(rounds):
         for i, m in enumerate(list(modes[r % k:]) + list(modes[: r % k])):
@@ -1599,7 +1595,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--quick", action="store_true", help="smaller sizes, 3 rounds (< 30 s)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--only", default="", help="comma-separated sections: " + ",".join(SECTIONS))
-    p.add_argument("--rounds", type=int, default=None, help="rounds of every section (default 7, --quick 3; op-queue pairs: 21, --quick 7)")
+    p.add_argument("--rounds", type=int, default=None, help="rounds of every section (default 7, --quick 3; op-queue pairs: 21, --quick 5)")
     p.add_argument("--config", choices=sorted(CONFIGS), default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     cfg = CONFIGS[args.config or ("quick" if args.quick else "full")]()

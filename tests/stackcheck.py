@@ -54,3 +54,24 @@ def marker_lines(path: str):
         return hits[0]
 
     return line_of
+
+
+#: A library module whose ``dispatch`` takes the snapshot for its user (``op`` -> ``dispatch``).
+SNAPSHOTTING_LIBRARY = (
+    "import monstack\n"
+    "def op(n):\n"
+    "    return dispatch(n)\n"
+    "def dispatch(n):\n"
+    "    return monstack.snapshot()\n"
+)
+
+
+def library_module(tmp_path, name: str, src: str = SNAPSHOTTING_LIBRARY) -> dict:
+    """``src`` written to ``tmp_path/<name>.py`` and run as module ``name`` (its frames
+    carry that file name, so ``install(exclude=[str(tmp_path)])`` filters it); returns
+    its namespace."""
+    lib = tmp_path / f"{name}.py"
+    lib.write_text(src)
+    ns: dict = {"__name__": name}
+    exec(compile(src, str(lib), "exec"), ns)
+    return ns

@@ -29,7 +29,7 @@ if not _env.HAS_SYSMON:
 
 import monstack  # noqa: E402
 from monstack import _accel, _install, _native, _stack, _sysmon  # noqa: E402
-from stackcheck import real_records, shadow_records  # noqa: E402
+from stackcheck import library_module, real_records, shadow_records  # noqa: E402
 
 OK, WHY = _accel.available()
 SUPPORTED = (
@@ -729,11 +729,7 @@ def call(fn):
 def _filtered_lib(tmp_path, name):
     """A module in tmp_path (to be excluded from tracking): ``down(n, fn)`` calls ``fn``
     n + 1 frames down, ``call(fn)`` one frame down."""
-    lib = tmp_path / f"{name}.py"
-    lib.write_text(_DEEP_LIB)
-    ns: dict = {"__name__": name}
-    exec(compile(_DEEP_LIB, str(lib), "exec"), ns)
-    return ns
+    return library_module(tmp_path, name, _DEEP_LIB)
 
 
 @needs_native
@@ -862,16 +858,7 @@ def test_identical_with_track_all_threads_first_frame_tracked():
 def test_native_snapshot_looks_through_filtered_callers(tmp_path, monkeypatch):
     """A framework (filtered) taking the snapshot for its user: the native fast path
     answers without the Python capture, with the user's frames and lines."""
-    lib = tmp_path / "fw_for_native_snapshot.py"
-    lib.write_text(
-        "import monstack\n"
-        "def op(n):\n"
-        "    return dispatch(n)\n"
-        "def dispatch(n):\n"
-        "    return monstack.snapshot()\n"
-    )
-    ns: dict = {"__name__": "fw_for_native_snapshot"}
-    exec(compile(lib.read_text(), str(lib), "exec"), ns)
+    ns = library_module(tmp_path, "fw_for_native_snapshot")
     monstack.install(exclude=[str(tmp_path)], accelerator=True)
     backend = _install._state.backend
     assert backend.snapshot_native is not None

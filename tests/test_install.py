@@ -9,7 +9,7 @@ import threading
 
 import pytest
 from conftest import CONFIG, expected_backend, needs_sysmon, tracking
-from stackcheck import check, real_records, shadow_records
+from stackcheck import check, library_module, real_records, shadow_records
 
 import monstack
 from monstack import _backend, _stack
@@ -300,17 +300,7 @@ def test_inline_snapshot_looks_through_filtered_callers(tmp_path, monkeypatch):
     user's instead of falling back to the full capture."""
     from monstack import _install
 
-    lib = tmp_path / "fw_for_inline_snapshot.py"
-    lib.write_text(
-        "import monstack\n"
-        "def op(n):\n"
-        "    return dispatch(n)\n"
-        "def dispatch(n):\n"
-        "    return monstack.snapshot()\n"
-    )
-    ns: dict = {"__name__": "fw_for_inline_snapshot"}
-    exec(compile(lib.read_text(), str(lib), "exec"), ns)
-    op = ns["op"]
+    op = library_module(tmp_path, "fw_for_inline_snapshot")["op"]
     monstack.install(exclude=[str(tmp_path)])
     monkeypatch.setattr(_install, "_native_snapshot", None)  # the Python path only
     backend = _install._state.backend

@@ -9,7 +9,7 @@ import threading
 import weakref
 
 import pytest
-from stackcheck import Mismatch, check, real_records, shadow_records
+from stackcheck import Mismatch, check, library_module, real_records, shadow_records
 
 import monstack
 from monstack import _stack
@@ -167,10 +167,7 @@ def test_throw_into_a_library_generator_a_tracked_one_delegates_to(tmp_path, via
     PY_THROW only for the library frame. Here the thrower runs the same code as the
     generator it throws into, so "top node = this code" cannot tell them apart; the
     stack must still come out right (found by review: it once lost a frame)."""
-    lib = tmp_path / "delegate_lib.py"
-    lib.write_text(_DELEGATE_LIB)
-    ns: dict = {"__name__": "delegate_lib"}
-    exec(compile(_DELEGATE_LIB, str(lib), "exec"), ns)
+    ns = library_module(tmp_path, "delegate_lib", _DELEGATE_LIB)
     libgen, libgen_snap, E = ns["libgen"], ns["libgen_snap"], ns["E"]
     monstack.install(exclude=[str(tmp_path)])
 
