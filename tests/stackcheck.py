@@ -75,3 +75,23 @@ def library_module(tmp_path, name: str, src: str = SNAPSHOTTING_LIBRARY) -> dict
     ns: dict = {"__name__": name}
     exec(compile(src, str(lib), "exec"), ns)
     return ns
+
+
+def captures_for_library_snapshots(op, backend, monkeypatch, rounds: int = 5) -> int:
+    """Calls ``op`` (a library's entry that takes the snapshot, see SNAPSHOTTING_LIBRARY)
+    from a user function ``rounds`` times; each snapshot must equal the real stack and end
+    in ``user``. Returns how often ``backend.capture`` (the full Python capture) ran."""
+
+    def user(i):
+        return op(i), real_records()  # one line
+
+    op(0)  # the library's file gets decided (filtered) on its first events
+    user(0)
+    calls = []
+    real_capture = backend.capture
+    monkeypatch.setattr(backend, "capture", lambda frame: calls.append(1) or real_capture(frame))
+    for i in range(rounds):
+        snap, real = user(i)
+        assert shadow_records(snap) == real
+        assert shadow_records(snap)[-1][2] == "user"
+    return len(calls)

@@ -9,7 +9,7 @@ import threading
 
 import pytest
 from conftest import CONFIG, expected_backend, needs_sysmon, tracking
-from stackcheck import check, library_module, real_records, shadow_records
+from stackcheck import captures_for_library_snapshots, check, library_module, real_records, shadow_records
 
 import monstack
 from monstack import _backend, _stack
@@ -303,22 +303,9 @@ def test_inline_snapshot_looks_through_filtered_callers(tmp_path, monkeypatch):
     op = library_module(tmp_path, "fw_for_inline_snapshot")["op"]
     monstack.install(exclude=[str(tmp_path)])
     monkeypatch.setattr(_install, "_native_snapshot", None)  # the Python path only
-    backend = _install._state.backend
-
-    def user(i):
-        return op(i), real_records()  # one line
-
-    op(0)  # the framework's file gets decided (filtered)
-    user(0)
-    calls = []
-    real_capture = backend.capture
-    monkeypatch.setattr(backend, "capture", lambda frame: calls.append(1) or real_capture(frame))
-    for i in range(5):
-        snap, real = user(i)
-        assert shadow_records(snap) == real
-        assert shadow_records(snap)[-1][2] == "user"
+    calls = captures_for_library_snapshots(op, _install._state.backend, monkeypatch)
     if CONFIG != "python":  # pure-Python pushes leave call sites to the capture's fill
-        assert calls == []
+        assert calls == 0
 
 
 @pytest.mark.parametrize("how", ["not installed", "installed", "walk"])
