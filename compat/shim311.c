@@ -20,6 +20,23 @@
  * frames (code objects and call-site offsets) and rebuilt from the real frames on
  * any difference.
  *
+ * Throws into filtered code. gen.throw() into a tracked generator that delegates
+ * (yield from / await) to a *filtered* generator links the tracked frame (and any
+ * delegating frames between) into the frame chain without evaluating it, and
+ * evaluates only the filtered frame, with throwflag set. No node is pushed for the
+ * linked-in frames, and when the thrower runs the same code as the generator it
+ * throws into, "top node = nearest tracked frame's code" cannot tell them apart. So
+ * a filtered frame evaluated with throwflag (never a per-call event) makes the
+ * shadow chain describe the real frames from its nearest tracked caller outwards for
+ * the duration of the evaluation, and puts the previous top back afterwards (the
+ * linked-in frames are unlinked again when it returns; their own later resume is an
+ * ordinary evaluation and pushes as usual). When the stack top is the node of the
+ * innermost live shim activation (the thrower, usually), only the tracked frames
+ * between that activation's frame and the filtered frame get nodes, on top of it;
+ * otherwise the whole chain is compared with the real frames and, on any difference,
+ * rebuilt from them, as a push does. Filtered frames without throwflag take one
+ * extra test of a register.
+ *
  * Our own bookkeeping runs with tstate->tracing raised, so Python code it may cause
  * (the policy callback, finalizers run by a garbage collection) is never tracked
  * and never re-enters the shim's tracking, exactly as CPython shields its own trace
@@ -464,6 +481,136 @@ static void pop(PyThreadState *ts, PyObject *node, _PyInterpreterFrame *prev_fra
     ts->tracing--;
 }
 
+#define MS_LINKED_MAX 32
+
+/* Nodes for the tracked frames from c out to (not including) `a`, the frame of the
+ * innermost live shim activation, on top of `base`, its node (steals base). NULL when
+ * `a` is not among the next MS_LINKED_MAX tracked frames, or on failure. */
+static __attribute__((noinline)) PyObject *linked_chain(PyThreadState *ts, _PyInterpreterFrame *c,
+                                                        _PyInterpreterFrame *a, PyObject *base)
+{
+    _PyInterpreterFrame *frames[MS_LINKED_MAX];
+    int n = 0;
+    for (_PyInterpreterFrame *f = c; f != a; f = next_tracked(ts, f->previous)) {
+        if (f == 0 || n == MS_LINKED_MAX) {
+            ms_decref(base);
+            return 0;
+        }
+        frames[n++] = f;
+    }
+    PyObject *node = base;
+    for (int i = n - 1; i >= 0; i--) {
+        node = new_node((PyObject *)frames[i]->f_code, node, frame_lasti(i + 1 < n ? frames[i + 1] : a));
+        if (node == 0) {
+            DATA.PyErr_Clear();
+            return 0;
+        }
+    }
+    return node;
+}
+
+/* A throw into filtered code: see "Throws into filtered code" at the top. Returns a
+ * new reference to the top to put back after the evaluation, or NULL when the
+ * shadow chain was left as it was (it matched, nothing tracked is outside, the thread
+ * is not seeded, monstack was stopped, or an internal failure). tracing is raised
+ * and no exception is pending. */
+static __attribute__((noinline)) PyObject *throw_resync(PyThreadState *ts, int64_t gen)
+{
+    _PyInterpreterFrame *c = next_tracked(ts, ts->cframe->current_frame);
+    if (c == 0 || DATA.gen != gen || !DATA.enabled) {
+        return 0;
+    }
+    struct ms_rec *r = get_rec(ts);
+    PyObject *cell = get_cell_r(ts, r);
+    if (cell == 0) {
+        return 0; /* not seeded: a snapshot seeds it from the real frames */
+    }
+    PyObject *top = list_items(cell)[0];
+    _PyInterpreterFrame *a = r->active_frame;
+    int trusted = a != 0 && top == r->active_node;
+    if (trusted && c == a) {
+        return 0; /* a frame evaluated by the shim threw (not a linked-in one) */
+    }
+    ms_incref(top); /* next_tracked may run the policy, which may run other code */
+    PyObject *fresh = 0;
+    if (trusted) {
+        /* the usual case: frames linked in between the thrower's activation and here */
+        ms_incref(top);
+        fresh = linked_chain(ts, c, a, top);
+    }
+    if (fresh == 0) {
+        int same = chain_matches(ts, top, c);
+        if (same || DATA.gen != gen || !DATA.enabled) {
+            if (same) {
+                DATA.n_verify++;
+            }
+            ms_decref(top);
+            return 0;
+        }
+        trusted = 0;
+        fresh = build_chain(ts, c);
+        if (fresh == 0) {
+            ms_decref(top);
+            DATA.PyErr_Clear();
+            DATA.n_errors++;
+            return 0;
+        }
+    }
+    cell = DATA.gen == gen ? get_cell(ts) : 0;
+    /* a chain built on `top` is only right while `top` is still on the stack */
+    if (cell == 0 || (trusted && list_items(cell)[0] != top)) {
+        ms_decref(top);
+        ms_decref(fresh);
+        return 0;
+    }
+    ms_decref(top);
+    PyObject *saved = list_items(cell)[0];
+    ms_incref(saved);
+    cell_set(cell, fresh);
+    DATA.n_throw++;
+    return saved;
+}
+
+/* After the evaluation: put `saved` back on top (steals it). */
+static __attribute__((noinline)) void throw_restore(PyThreadState *ts, PyObject *saved, int64_t gen, int failed)
+{
+    PyObject *et = 0, *ev = 0, *etb = 0;
+    ts->tracing++;
+    if (failed) {
+        DATA.PyErr_Fetch(&et, &ev, &etb);
+    }
+    if (DATA.gen == gen) {
+        PyObject *cell = get_cell(ts);
+        if (cell != 0 && list_items(cell)[0] != saved) {
+            ms_incref(saved);
+            cell_set(cell, saved);
+        }
+    }
+    ms_decref(saved);
+    if (failed) {
+        DATA.PyErr_Restore(et, ev, etb);
+    }
+    ts->tracing--;
+}
+
+/* A filtered frame evaluated with throwflag. */
+static __attribute__((noinline)) PyObject *filtered_throw(PyThreadState *ts, _PyInterpreterFrame *frame)
+{
+    PyObject *et = 0, *ev = 0, *etb = 0;
+    int64_t gen = DATA.gen;
+    ts->tracing++;
+    DATA.PyErr_Fetch(&et, &ev, &etb);
+    PyObject *saved = throw_resync(ts, gen);
+    DATA.PyErr_Restore(et, ev, etb);
+    ts->tracing--;
+    if (saved == 0) {
+        return DATA._PyEval_EvalFrameDefault(ts, frame, 1);
+    }
+    PyObject *res = DATA._PyEval_EvalFrameDefault(ts, frame, 1);
+    throw_restore(ts, saved, gen, res == 0);
+    return res;
+}
+
 static __attribute__((noinline)) PyObject *
 tracked_eval(PyThreadState *ts, _PyInterpreterFrame *frame, int throwflag, int decided)
 {
@@ -489,6 +636,9 @@ tracked_eval(PyThreadState *ts, _PyInterpreterFrame *frame, int throwflag, int d
     }
     ts->tracing--;
     if (node == 0) {
+        if (UNLIKELY(throwflag && decided == 0)) { /* decided just now: filtered */
+            return filtered_throw(ts, frame);
+        }
         return DATA._PyEval_EvalFrameDefault(ts, frame, throwflag);
     }
     struct ms_rec *r = get_rec(ts);
@@ -536,7 +686,10 @@ PyObject *ms_eval_frame(PyThreadState *ts, _PyInterpreterFrame *frame, int throw
     }
     int d = cached_decision(frame->f_code);
     if (d == 0) {
-        return DATA._PyEval_EvalFrameDefault(ts, frame, throwflag);
+        if (UNLIKELY(throwflag)) {
+            return filtered_throw(ts, frame);
+        }
+        return DATA._PyEval_EvalFrameDefault(ts, frame, 0);
     }
     return tracked_eval(ts, frame, throwflag, d);
 }

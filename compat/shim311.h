@@ -74,7 +74,7 @@ typedef PyObject *(*ms_evalfunc)(PyThreadState *, _PyInterpreterFrame *, int);
 /* Counters the loader reads (for `info` and tests). */
 #define MS_COUNTERS(X)                                                         \
     X(n_push) X(n_seed) X(n_verify) X(n_resync) X(n_decide) X(n_stack_refused) \
-    X(n_errors) X(n_rec_claim)
+    X(n_errors) X(n_rec_claim) X(n_throw)
 
 /* Per-thread record, in a table indexed by a hash of the PyThreadState pointer. */
 struct ms_rec {

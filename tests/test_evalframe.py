@@ -21,7 +21,7 @@ import textwrap
 import threading
 
 import pytest
-from stackcheck import Mismatch, check, real_records, shadow_records
+from stackcheck import Mismatch, check, library_module, real_records, shadow_records
 
 import monstack
 from monstack import _backend, _env, _install, _stack
@@ -403,6 +403,205 @@ def test_throw_into_awaiting_coroutines(installed):
         c.throw(Boom())
     assert info.value.value == "done" and len(seen) == 2
     check("after")
+
+
+_THROW_LIB = """
+import sys, monstack
+from stackcheck import real_records
+
+class E(Exception):
+    pass
+
+def libgen(out, mode):
+    try:
+        yield 1
+    except E:
+        out.append((monstack.snapshot(), real_records(sys._getframe())))  # one line
+        if mode == "raise":
+            raise KeyError("from the library")
+    yield 2
+    out.append((monstack.snapshot(), real_records(sys._getframe())))  # one line
+    yield 3
+
+def libdelegate(inner):
+    return (yield from inner)
+
+class Step:
+    def __await__(self):
+        yield "step"
+
+async def libcoro(out):
+    try:
+        await Step()
+    except E:
+        out.append((monstack.snapshot(), real_records(sys._getframe())))  # one line
+        return "done"
+"""
+
+
+def _throw_lib(tmp_path) -> dict:
+    ns = library_module(tmp_path, "throw_lib", _THROW_LIB)
+    monstack.install(exclude=[str(tmp_path)])
+    out: list = []
+    list(ns["libgen"](out, "yield"))  # the library's file gets decided (filtered)
+    out.clear()
+    return ns
+
+
+@needs_shim
+@pytest.mark.parametrize("chain", ["tracked", "tracked-mid", "library-mid"])
+@pytest.mark.parametrize("mode", ["yield", "raise"])
+def test_throw_into_filtered_code_shows_the_linked_in_tracked_frames(tmp_path, chain, mode):
+    """gen.throw() into tracked generators delegating to a filtered generator: 3.11 links
+    the delegating frames without evaluating them and evaluates only the filtered frame
+    (throwflag set). The thrower runs the same code as the outer delegator. Snapshots
+    taken in the library during the throw and on the delegator's later resume must
+    equal the real stack, whether the library yields or raises."""
+    ns = _throw_lib(tmp_path)
+    libgen, libdelegate, E = ns["libgen"], ns["libdelegate"], ns["E"]
+    out: list = []
+
+    def mid(inner):
+        return (yield from inner)
+
+    def g(other, inner):
+        if other is not None:  # the thrower
+            try:
+                got = other.throw(E)
+            except KeyError:
+                check("thrower after the library raised")
+                return
+            check("thrower after the throw")
+            yield got
+            yield next(other)  # the delegating generator's own later resume
+            return
+        yield from inner
+
+    def inner_chain():
+        if chain == "tracked":
+            return libgen(out, mode)
+        if chain == "tracked-mid":
+            return mid(mid(libgen(out, mode)))
+        return libdelegate(mid(libgen(out, mode)))  # tracked > library > tracked > library
+
+    for _ in range(3):
+        throws = counters()["n_throw"]
+        delegator = g(None, inner_chain())
+        assert next(delegator) == 1
+        got = list(g(delegator, None))
+        assert got == ([] if mode == "raise" else [2, 3])
+        assert len(out) == (1 if mode == "raise" else 2)
+        for snap, real in out:
+            assert shadow_records(snap) == real
+        assert counters()["n_throw"] > throws
+        out.clear()
+        check("after")
+
+
+@needs_shim
+def test_throw_into_a_filtered_coroutine_a_tracked_one_awaits(tmp_path):
+    ns = _throw_lib(tmp_path)
+    libcoro, E = ns["libcoro"], ns["E"]
+    out: list = []
+
+    async def co(other, inner):
+        if other is not None:  # the thrower runs the same code
+            try:
+                other.throw(E)
+            except StopIteration as stop:
+                check("thrower")
+                return stop.value
+        return await inner
+
+    for _ in range(3):
+        awaiting = co(None, libcoro(out))
+        assert awaiting.send(None) == "step"
+        with pytest.raises(StopIteration) as info:
+            co(awaiting, None).send(None)
+        assert info.value.value == "done"
+        [(snap, real)] = out
+        assert shadow_records(snap) == real
+        out.clear()
+        check("after")
+
+
+@needs_shim
+def test_throw_into_filtered_code_from_a_pushed_frame_does_not_rebuild(tmp_path):
+    """The common throw into a library generator (the thrower calls lg.throw() itself,
+    no tracked frame linked in): the shadow chain is trusted, nothing rebuilt."""
+    ns = _throw_lib(tmp_path)
+    libgen, E = ns["libgen"], ns["E"]
+    out: list = []
+
+    def thrower(lg):
+        return lg.throw(E)
+
+    for _ in range(3):
+        lg = libgen(out, "yield")
+        next(lg)
+        counts = counters()
+        assert thrower(lg) == 2
+        after = counters()
+        assert after["n_throw"] == counts["n_throw"] and after["n_resync"] == counts["n_resync"]
+        [(snap, real)] = out
+        assert shadow_records(snap) == real
+        out.clear()
+
+
+@needs_shim
+def test_throw_into_undecided_filtered_code_shows_the_linked_in_frames(tmp_path):
+    """The same throw when the library's code is undecided (a new install): the policy
+    decides it while the thrown exception is pending; the library still receives it and
+    its snapshot is right."""
+    ns = _throw_lib(tmp_path)
+    libgen, E = ns["libgen"], ns["E"]
+    out: list = []
+
+    def g(other, inner):
+        if other is not None:
+            yield other.throw(E)
+            return
+        yield from inner
+
+    delegator = g(None, libgen(out, "yield"))
+    assert next(delegator) == 1
+    monstack.uninstall()
+    monstack.install(exclude=[str(tmp_path)])  # new epoch: every decision is stale
+    decided = counters()["n_decide"]
+    assert list(g(delegator, None)) == [2]
+    assert counters()["n_decide"] > decided
+    [(snap, real)] = out
+    assert shadow_records(snap) == real
+    check("after")
+
+
+@needs_shim
+def test_throw_into_filtered_code_from_a_frame_started_before_install(tmp_path):
+    """No live shim activation to build on (the thrower started before install): the
+    shadow chain is compared with the real frames and rebuilt for the throw."""
+    ns = _throw_lib(tmp_path)
+    libgen, E = ns["libgen"], ns["E"]
+    monstack.uninstall()
+    out: list = []
+
+    def g(inner):
+        yield from inner
+
+    def thrower(delegator):  # its frame is never evaluated by the shim
+        monstack.install(exclude=[str(tmp_path)])
+        check("seeds the stack")
+        throws = counters()["n_throw"]
+        got = delegator.throw(E)
+        check("after the throw")
+        return got, counters()["n_throw"] - throws
+
+    delegator = g(libgen(out, "yield"))
+    assert next(delegator) == 1
+    assert thrower(delegator) == (2, 1)
+    [(snap, real)] = out
+    assert shadow_records(snap) == real
+    assert next(delegator) == 3
+    assert shadow_records(out[1][0]) == out[1][1]
 
 
 @needs_shim

@@ -152,14 +152,7 @@ def libgen_snap():
 """
 
 
-_EVALFRAME_THROW_GAP = pytest.mark.xfail(
-    conftest_backend() == "evalframe", strict=True,
-    reason="3.11 evalframe: after a throw into a library generator, a snapshot taken in the "
-           "library itself loses the thrower when it runs the same code (the shim sees no event "
-           "for the delegating frame); known limitation, see README")
-
-
-@pytest.mark.parametrize("where", ["callback", pytest.param("library", marks=_EVALFRAME_THROW_GAP)])
+@pytest.mark.parametrize("where", ["callback", "library"])
 @pytest.mark.parametrize("via", ["next", "for"])
 def test_throw_into_a_library_generator_a_tracked_one_delegates_to(tmp_path, via, where):
     """gen.throw() into a tracked generator delegating (yield from) to a *library*
