@@ -14,12 +14,14 @@ for counting instructions under valgrind (deterministic where wall clock is not)
   MODE: ``none`` (not installed), ``installed`` (default policy, no snapshot),
   ``snapshotter`` (the framework binds monstack.snapshotter()), ``snapshot`` (it calls
   monstack.snapshot), ``filtered`` (installed, the model excluded too: every code object
-  filtered).
+  filtered), ``uninstalled`` (no capture, measured after the same code ran once under
+  monstack and monstack was uninstalled: on 3.12 that code has lost its superinstructions).
 
 ``pairs ROUNDS OPS [--no-worker]``: wall clock, each mode measured back to back with its
-own no-capture run (the bench's ``_paired``), many short runs; prints the median of the
-per-pair ratios with the quartiles and the ratio of the sums. ``no capture again`` is the
-noise floor.
+own no-capture run (the bench's ``_paired``), many short runs, each measurement on new
+code objects (``OpQueue.renew``: on 3.12 code once instrumented stays ~1% slower); prints
+the median of the per-pair ratios with the quartiles and the ratio of the sums. ``no
+capture again`` is the noise floor.
 """
 
 from __future__ import annotations
@@ -45,6 +47,12 @@ def instructions(mode: str, ops: int) -> None:
     fw._put = sink.append
     if mode == "filtered":
         monstack.install(exclude=[_bench.WORKLOAD_MODULE])
+    elif mode == "uninstalled":  # ran once under monstack, then measured without it
+        monstack.install()
+        oq.configure(True)
+        w.run_model(oq.depth, oq.model, oq.x, 100)
+        monstack.uninstall()
+        sink.clear()
     elif mode != "none":
         monstack.install()
     oq.configure({"snapshotter": True, "snapshot": "snapshot"}.get(mode, False))
@@ -60,8 +68,8 @@ def pairs(rounds: int, ops: int, worker: bool) -> None:
     sink: list = []
 
     def no_worker() -> None:
-        fw._put = sink.append
-        w.run_model(oq.depth, oq.model, oq.x, oq.steps)
+        oq.fw._put = sink.append
+        oq.w.run_model(oq.depth, oq.model, oq.x, oq.steps)
         sink.clear()
 
     def mode(name: str, enter, capture) -> _bench.Mode:
@@ -80,7 +88,11 @@ def pairs(rounds: int, ops: int, worker: bool) -> None:
         mode("snapshot()", _bench._installer(), "snapshot"),
     ]
     run = oq.run if worker else no_worker
-    out = _bench._paired(run, base, modes, rounds, warm=None if not worker else oq.warm)
+    try:
+        out = _bench._paired(run, base, modes, rounds, warm=None if not worker else oq.warm,
+                             fresh=oq.renew)
+    finally:
+        oq.close()
     print(f"CPython {sys.version.split()[0]}, {rounds} pairs of {oq.ops}-op runs, "
           f"{'worker thread' if worker else 'no worker (ops queued to a list)'}")
     for name, ps in out.items():
@@ -94,7 +106,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     i = sub.add_parser("instructions")
-    i.add_argument("mode", choices=["none", "installed", "snapshotter", "snapshot", "filtered"])
+    i.add_argument("mode", choices=["none", "installed", "snapshotter", "snapshot", "filtered", "uninstalled"])
     i.add_argument("ops", type=int)
     q = sub.add_parser("pairs")
     q.add_argument("rounds", type=int)

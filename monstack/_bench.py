@@ -445,7 +445,9 @@ def mul(a, b):
     return dispatch("mul", a, b)
 
 class Worker:
-    """Runs queued ops on its own thread; counts what it saw (the bench checks it)."""
+    """Runs queued ops on its own long-lived thread, as a framework's worker does. An
+    Event queued after a run's ops is set once they have all run; the counts it saw in
+    that run (the bench checks them) are set just before."""
     def __init__(self, get):
         self.get = get
         self.ops = 0
@@ -458,18 +460,20 @@ class Worker:
         last = None
         while True:
             item = get()
-            if item is None:
-                break
+            if item.__class__ is not tuple:
+                if item is None:
+                    break
+                self.ops, self.snapshots, self.last_snapshot = ops, snaps, last
+                ops = snaps = 0
+                last = None
+                item.set()
+                continue
             kernel, a, b, out, snap = item
             kernel(a, b, out)
             ops += 1
             if snap is not None:
                 snaps += 1
                 last = snap
-        self.ops += ops
-        self.snapshots += snaps
-        if last is not None:
-            self.last_snapshot = last
 '''
 
 
@@ -731,6 +735,7 @@ def _interleaved(
     rounds: int,
     warm: Optional[Callable[[], Any]] = None,
     after: Optional[Callable[[str], Any]] = None,
+    fresh: Optional[Callable[[], Any]] = None,
 ) -> dict[str, list[float]]:
     """Seconds per mode, one value per round (best of two after a warm-up); the order of
     the modes rotates each round."""
@@ -738,14 +743,23 @@ def _interleaved(
     k = len(modes)
     for r in range(rounds):
         for m in list(modes[r % k:]) + list(modes[: r % k]):
-            times[m.name].append(_measure(m, work, warm, after))
+            times[m.name].append(_measure(m, work, warm, after, fresh))
     return times
 
 
 def _measure(m: Mode, work: Callable[[], Any], warm: Optional[Callable[[], Any]],
-             after: Optional[Callable[[str], Any]]) -> float:
+             after: Optional[Callable[[str], Any]], fresh: Optional[Callable[[], Any]] = None) -> float:
     """One measurement of ``work`` in mode ``m``: best of two after a warm-up; counts the
-    rounds in which monstack turned itself off."""
+    rounds in which monstack turned itself off.
+
+    ``fresh`` (before the mode is entered) gives the workload new code objects. Needed on
+    CPython 3.12: instrumenting a code object (what any sys.monitoring tool's events do)
+    replaces its superinstructions by plain instructions for good (``_Py_Instrument`` in
+    Python/instrumentation.c), so after the first install even an uninstalled run of the
+    same code is ~1% slower than code never monitored, and every ratio to it would
+    understate monstack's cost. 3.13 has no such superinstructions."""
+    if fresh is not None:
+        fresh()
     gc.collect()
     m.enter()
     try:
@@ -768,6 +782,7 @@ def _paired(
     rounds: int,
     warm: Optional[Callable[[], Any]] = None,
     after: Optional[Callable[[str], Any]] = None,
+    fresh: Optional[Callable[[], Any]] = None,
 ) -> dict[str, list[tuple[float, float]]]:
     """Per mode, one (base seconds, mode seconds) pair per round, the two measured back
     to back (best of two after a warm-up each; which goes first alternates).
@@ -778,7 +793,7 @@ def _paired(
     k = len(modes)
 
     def measure(m: Mode) -> float:
-        return _measure(m, work, warm, after)
+        return _measure(m, work, warm, after, fresh)
 
     for r in range(rounds):
         for i, m in enumerate(list(modes[r % k:]) + list(modes[: r % k])):
@@ -900,7 +915,15 @@ def _frames_in(result: Any) -> Optional[int]:
     try:
         return len(result)
     except Exception:
-        return None
+        pass
+    # torch gather_traceback's torch._C._profiler.CapturedTraceback is opaque until symbolized
+    profiler = sys.modules.get("torch._C._profiler")
+    if profiler is not None and isinstance(result, getattr(profiler, "CapturedTraceback", ())):
+        try:
+            return len(profiler.symbolize_tracebacks([result])[0])
+        except Exception:
+            pass
+    return None
 
 
 def snapshot_costs(cfg: Config, w: Optional[types.ModuleType] = None) -> dict:
@@ -1049,14 +1072,22 @@ def tracking_tax(cfg: Config, w: Optional[types.ModuleType] = None) -> dict:
         sizes[name] = _calibrate(fn, cfg.target, start)
     sizes["thread pool"] = cfg.pool_tasks
     # the warm-up runs a quarter of the size: enough to decide the policy and specialise
+    # each measurement gets new code objects (see _measure): cur[0] is the live module
+    cur = [w]
+    pool_done = [0]
+
+    def fresh() -> None:
+        pool_done[0] += cur[0].POOL_DONE[0]
+        cur[0] = _workloads()
+
     q = lambda name: max(1, sizes[name] // 4)  # noqa: E731
     work: dict[str, tuple[Callable, Optional[Callable]]] = {
-        "call-heavy (fib)": (lambda: w.fib(nfib), lambda: w.fib(max(1, nfib - 3))),
-        "method-heavy": (lambda: w.method_heavy(sizes["method-heavy"]), lambda: w.method_heavy(q("method-heavy"))),
-        "generator pipeline": (lambda: w.gen_pipeline(sizes["generator pipeline"]), lambda: w.gen_pipeline(q("generator pipeline"))),
-        "exception-heavy": (lambda: w.exception_heavy(sizes["exception-heavy"]), lambda: w.exception_heavy(q("exception-heavy"))),
-        "mixed": (lambda: w.mixed(sizes["mixed"]), lambda: w.mixed(q("mixed"))),
-        "thread pool": (lambda: w.pool_run(cfg.pool_tasks), lambda: w.pool_run(q("thread pool"))),
+        "call-heavy (fib)": (lambda: cur[0].fib(nfib), lambda: cur[0].fib(max(1, nfib - 3))),
+        "method-heavy": (lambda: cur[0].method_heavy(sizes["method-heavy"]), lambda: cur[0].method_heavy(q("method-heavy"))),
+        "generator pipeline": (lambda: cur[0].gen_pipeline(sizes["generator pipeline"]), lambda: cur[0].gen_pipeline(q("generator pipeline"))),
+        "exception-heavy": (lambda: cur[0].exception_heavy(sizes["exception-heavy"]), lambda: cur[0].exception_heavy(q("exception-heavy"))),
+        "mixed": (lambda: cur[0].mixed(sizes["mixed"]), lambda: cur[0].mixed(q("mixed"))),
+        "thread pool": (lambda: cur[0].pool_run(cfg.pool_tasks), lambda: cur[0].pool_run(q("thread pool"))),
     }
     propagation = _propagation_points()
     extra = []
@@ -1075,13 +1106,13 @@ def tracking_tax(cfg: Config, w: Optional[types.ModuleType] = None) -> dict:
         )
         out["skipped"].update(skipped)
         rounds = cfg.pool_rounds if wname == "thread pool" else cfg.rounds
-        times = _interleaved(fn, modes, rounds, warm=warm)
+        times = _interleaved(fn, modes, rounds, warm=warm, fresh=fresh)
         out["untracked seconds"][wname] = statistics.median(times["no monstack"])
         out["ratios"][wname] = _ratios(times, "no monstack", modes)
         for m in modes:
             if m.info:
                 out["mode info"][m.name] = m.info
-    out["pool tasks run"] = w.POOL_DONE[0]
+    out["pool tasks run"] = pool_done[0] + cur[0].POOL_DONE[0]
     return out
 
 
@@ -1121,6 +1152,7 @@ class OpQueue:
         self.ran = 0
         self.snapshots = 0
         self.last_snapshot: Any = None
+        self._running: Any = None  # (queue, Worker) once started
 
     def configure(self, capture: Any, layers: Optional[int] = None) -> None:
         """capture: False (none), True (what a framework would bind: ``snapshotter()``,
@@ -1135,26 +1167,61 @@ class OpQueue:
         if layers is not None:
             self.fw.LAYERS = layers
 
+    def _worker(self) -> Any:
+        """The worker thread, started on first use and kept: a framework's worker lives
+        as long as the program, so starting one is not part of an op's cost (and a
+        thread start per run would add its own noise, and monstack's per-thread cost,
+        to every run)."""
+        if self._running is None:
+            q = self._queue_cls()
+            self.fw._put = q.put
+            worker = self.fw.Worker(q.get)
+            worker.thread.start()
+            self._running = (q, worker)
+        return self._running
+
     def run(self, steps: Optional[int] = None) -> None:
-        q = self._queue_cls()
-        fw = self.fw
-        fw._put = q.put
-        worker = fw.Worker(q.get)
-        worker.thread.start()
+        import threading
+
+        q, worker = self._worker()
+        self.fw._put = q.put
         steps = self.steps if steps is None else steps
+        done = threading.Event()
         try:
             self.w.run_model(self.depth, self.model, self.x, steps)
         finally:
-            q.put(None)
-            worker.thread.join()
+            q.put(done)
+            if not done.wait(60):
+                raise RuntimeError("the op-queue worker thread did not finish its ops in 60 s")
         self.issued += steps * self.N_BLOCKS * self.w.Model.OPS_PER_STEP_PER_BLOCK
         self.ran += worker.ops
         self.snapshots += worker.snapshots
         if worker.last_snapshot is not None:
             self.last_snapshot = worker.last_snapshot
+        worker.last_snapshot = None
+
+    def close(self) -> None:
+        """Stop the worker thread (it is a daemon: a bench that fails still exits)."""
+        if self._running is not None:
+            q, worker = self._running
+            self._running = None
+            q.put(None)
+            worker.thread.join(60)
+        self.fw._put = None
 
     def warm(self) -> None:
         self.run(max(1, self.steps // 4))
+
+    def renew(self) -> None:
+        """Model, framework and worker anew, from new code objects (see ``_measure``); the
+        next run starts the worker thread (the warm-up does, untimed)."""
+        layers = self.fw.LAYERS
+        self.close()
+        self.w = _workloads()
+        self.fw = _framework()
+        self.fw.LAYERS = layers
+        self.model = self.w.Model(self.fw, self.N_BLOCKS, 16)
+        self.x = self.fw.Tensor((8, 16))
 
 
 NOISE_FLOOR = "no capture again (noise)"
@@ -1197,6 +1264,15 @@ def opqueue(cfg: Config, w: Optional[types.ModuleType] = None) -> dict:
     fw = _framework()
     fw.LAYERS = cfg.opqueue_layers
     oq = OpQueue(w, fw, cfg.opqueue_ops, cfg.opqueue_depth)
+    try:
+        return _opqueue_run(cfg, oq)
+    finally:
+        oq.fw._capture = None
+        oq.close()
+
+
+def _opqueue_run(cfg: Config, oq: OpQueue) -> dict:
+    fw, w = oq.fw, oq.w
     out: dict = {
         "ops per run": oq.ops,
         "user depth": cfg.opqueue_depth,
@@ -1227,7 +1303,7 @@ def opqueue(cfg: Config, w: Optional[types.ModuleType] = None) -> dict:
         oq.issued = oq.ran = oq.snapshots = 0
         oq.last_snapshot = None
 
-    pairs = _paired(oq.run, modes[0], modes[1:], cfg.opqueue_rounds, warm=oq.warm, after=account)
+    pairs = _paired(oq.run, modes[0], modes[1:], cfg.opqueue_rounds, warm=oq.warm, after=account, fresh=oq.renew)
     base = [b for ps in pairs.values() for b, _ in ps]
     out["ratios"] = {name: _summary([t / b for b, t in ps]) for name, ps in pairs.items()}
     _mark_invalid(out["ratios"], modes)
@@ -1248,8 +1324,6 @@ def opqueue(cfg: Config, w: Optional[types.ModuleType] = None) -> dict:
     out["mode info"] = {m.name: m.info for m in modes if m.info}
     out["skipped"] = skipped
     out["crossover"] = _crossover(cfg, oq, out)
-    fw._capture = None
-    fw._put = None
     return out
 
 
@@ -1262,7 +1336,7 @@ def _crossover(cfg: Config, oq: OpQueue, main: dict) -> dict:
     points = []
     for layers in cfg.crossover_layers:
         oq.fw.LAYERS = layers
-        ps = _paired(oq.run, none, [tracked], cfg.crossover_rounds, warm=oq.warm)["default policy"]
+        ps = _paired(oq.run, none, [tracked], cfg.crossover_rounds, warm=oq.warm, fresh=oq.renew)["default policy"]
         base_us = statistics.median([b for b, _ in ps]) / oq.ops * 1e6
         overhead_us = statistics.median([(t - b) / oq.ops * 1e6 for b, t in ps])
         ratio = _summary([t / b for b, t in ps])

@@ -213,3 +213,62 @@ def test_opqueue_cost_script_runs(tmp_path):
     out = subprocess.run([sys.executable, script, "instructions", "snapshotter", "240"],
                          capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 0, out.stderr
+
+
+def test_each_measurement_renews_the_workload_before_entering_its_mode():
+    """``fresh`` runs before every measurement, outside the mode (see _bench._measure)."""
+    calls: list = []
+    m = _bench.Mode("m", lambda: calls.append("enter"), lambda: calls.append("exit"))
+    base = _bench.Mode("base", lambda: calls.append("enter base"), lambda: calls.append("exit base"))
+    _bench._interleaved(lambda: calls.append("work"), [m], 2, fresh=lambda: calls.append("fresh"))
+    assert calls == ["fresh", "enter", "work", "work", "work", "exit"] * 2
+    calls.clear()
+    _bench._paired(lambda: calls.append("work"), base, [m], 1, fresh=lambda: calls.append("fresh"))
+    assert calls == (["fresh", "enter base", "work", "work", "work", "exit base",
+                      "fresh", "enter", "work", "work", "work", "exit"])
+
+
+def test_opqueue_renew_gives_new_code_objects_and_a_worker_that_runs_every_op():
+    oq = _bench.OpQueue(_bench._workloads(), _bench._framework(), 48, 5)
+    try:
+        oq.configure(False)
+        oq.run()
+        first_worker = oq._running[1]
+        code = oq.w.Linear.forward.__code__
+        oq.renew()
+        assert oq._running is None and not first_worker.thread.is_alive()
+        assert oq.w.Linear.forward.__code__ is not code
+        if _tracking_available():
+            monstack.install()
+            oq.configure(True)
+        oq.run()
+        oq.run()  # the same worker thread serves both runs
+        assert oq.issued == oq.ran == 3 * oq.ops
+        assert oq.snapshots == (2 * oq.ops if _tracking_available() else 0)
+    finally:
+        oq.close()
+        monstack.uninstall()
+
+
+@pytest.mark.skipif(sys.version_info[:2] != (3, 12), reason="3.12's superinstructions (3.13 has none)")
+def test_312_code_once_monitored_loses_its_superinstructions_for_good():
+    """Why the bench renews its workload per measurement: on 3.12, code that ran while
+    monstack (any sys.monitoring tool) had events set keeps plain instructions where it
+    had superinstructions, after uninstall too."""
+    import dis
+
+    if "monitoring" not in _bench._tracking_backends():
+        pytest.skip("needs the monitoring backend")
+    ns: dict = {}
+    exec("def f(a, b):\n    return a + b\n", ns)
+    f = ns["f"]
+    ops = lambda: {i.opname for i in dis.get_instructions(f, adaptive=True)}  # noqa: E731
+    f(1, 2)
+    assert "LOAD_FAST__LOAD_FAST" in ops()
+    monstack.install(track="all")
+    try:
+        f(1, 2)
+    finally:
+        monstack.uninstall()
+    f(1, 2)
+    assert "LOAD_FAST__LOAD_FAST" not in ops()
