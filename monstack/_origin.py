@@ -57,6 +57,7 @@ class _WithOrigin:
             return self.__wrapped__(*args, **kwargs)
         except Exception as exc:
             _attach_if_absent(exc, snap)
+            _drop_own_entry(exc, sys._getframe())
             raise
         finally:
             try:
@@ -183,6 +184,19 @@ def print_exception(exc: BaseException, file: Optional[IO[str]] = None, color: O
     if file is None:  # no stderr (pythonw): nowhere to write
         return
     file.write(_format.format_exception(exc, _lookup(exc), resolve(color, file)))
+
+
+def _drop_own_entry(exc: BaseException, frame: Any) -> None:
+    """Take a wrapper's own entry off the head of ``exc``'s traceback, as importlib does
+    for its frames: the job's traceback then goes from whatever ran it straight to the
+    job. Kept when it is the only entry (the call itself failed: wrong arguments).
+    A bare ``raise`` after this re-raises without adding the entry back."""
+    try:
+        tb = exc.__traceback__
+        if tb is not None and tb.tb_frame is frame and tb.tb_next is not None:
+            exc.__traceback__ = tb.tb_next
+    except Exception:
+        pass
 
 
 def _attach_if_absent(exc: BaseException, snap: Snapshot) -> None:

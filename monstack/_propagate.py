@@ -31,7 +31,7 @@ import threading
 from typing import Any, Callable, Optional
 
 from . import _snapshot
-from ._origin import _attach_if_absent, _snap, _WithOrigin
+from ._origin import _attach_if_absent, _drop_own_entry, _snap, _WithOrigin
 from ._snapshot import CURRENT_ORIGIN
 
 #: Every propagation point install() knows.
@@ -184,6 +184,7 @@ def _bind_thread(thread: threading.Thread) -> Optional[tuple]:
                 run()
             except Exception as exc:
                 _attach_if_absent(exc, snap)
+                _drop_own_entry(exc, sys._getframe())
                 raise
             finally:
                 CURRENT_ORIGIN.reset(token)

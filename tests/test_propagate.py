@@ -170,6 +170,52 @@ def test_threading_point_off(thread_errors):
 # -- concurrent.futures: threads ------------------------------------------------------------------
 
 
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(monstack.__file__))
+
+
+def _tb_files_and_names(exc: BaseException) -> list[tuple[str, str]]:
+    return [(os.path.abspath(f.filename), f.name) for f in traceback.extract_tb(exc.__traceback__)]
+
+
+def _assert_no_monstack_frames(exc: BaseException, innermost_name: str) -> None:
+    frames = _tb_files_and_names(exc)
+    assert not [f for f in frames if f[0].startswith(_PACKAGE_DIR + os.sep)], frames
+    assert frames[-1][1] == innermost_name, frames
+
+
+def test_failed_jobs_tracebacks_show_no_monstack_wrapper_frames(installed, thread_errors):
+    """A propagating wrapper takes its own entry off the failing job's traceback: what
+    threading's excepthook, future.result() and wrap() callers print goes straight from
+    whatever ran the job to the job."""
+    t = threading.Thread(target=fail)
+    t.start()
+    t.join()
+    (exc,) = thread_errors
+    _assert_no_monstack_frames(exc, "fail")
+    assert origin_of(exc) is not None
+    with cf.ThreadPoolExecutor(1) as pool:
+        with pytest.raises(Boom) as info:
+            pool.submit(fail).result()
+    _assert_no_monstack_frames(info.value, "fail")
+    with pytest.raises(Boom) as info:
+        monstack.wrap(fail)()
+    _assert_no_monstack_frames(info.value, "fail")
+    assert origin_of(info.value) is not None
+
+
+def test_wrapper_keeps_its_entry_when_the_call_itself_fails(installed):
+    """Wrong arguments fail in the call, before the job runs: the wrapper's entry is then
+    the only one, and the traceback keeps it rather than losing its last location."""
+
+    def takes_nothing() -> None:
+        pass
+
+    with pytest.raises(TypeError) as info:
+        monstack.wrap(takes_nothing)(1, 2)
+    frames = _tb_files_and_names(info.value)
+    assert frames and frames[-1][0].startswith(_PACKAGE_DIR + os.sep), frames
+
+
 def test_thread_pool_submit(installed):
     with cf.ThreadPoolExecutor(2) as pool:
         future = pool.submit(fail, 1)  # @pool-submit
