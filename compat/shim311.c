@@ -514,7 +514,7 @@ static __attribute__((noinline)) PyObject *linked_chain(PyThreadState *ts, _PyIn
  * shadow chain was left as it was (it matched, nothing tracked is outside, the thread
  * is not seeded, monstack was stopped, or an internal failure). tracing is raised
  * and no exception is pending. */
-static __attribute__((noinline)) PyObject *throw_resync(PyThreadState *ts, int64_t gen)
+static __attribute__((noinline)) PyObject *throw_resync(PyThreadState *ts, int64_t gen, int *unseeded)
 {
     _PyInterpreterFrame *c = next_tracked(ts, ts->cframe->current_frame);
     if (c == 0 || DATA.gen != gen || !DATA.enabled) {
@@ -523,7 +523,8 @@ static __attribute__((noinline)) PyObject *throw_resync(PyThreadState *ts, int64
     struct ms_rec *r = get_rec(ts);
     PyObject *cell = get_cell_r(ts, r);
     if (cell == 0) {
-        return 0; /* not seeded: a snapshot seeds it from the real frames */
+        *unseeded = 1; /* anything seeded during the evaluation would include the linked-in frames */
+        return 0;
     }
     PyObject *top = list_items(cell)[0];
     _PyInterpreterFrame *a = r->active_frame;
@@ -593,18 +594,42 @@ static __attribute__((noinline)) void throw_restore(PyThreadState *ts, PyObject 
     ts->tracing--;
 }
 
+/* After an evaluation that started with this thread unseeded: unseed it again. */
+static __attribute__((noinline)) void throw_unseed(PyThreadState *ts, int64_t gen, int failed)
+{
+    PyObject *et = 0, *ev = 0, *etb = 0;
+    ts->tracing++;
+    if (failed) {
+        DATA.PyErr_Fetch(&et, &ev, &etb);
+    }
+    if (DATA.gen == gen && get_cell(ts) != 0) {
+        if (DATA.PyObject_SetAttr(DATA.tls, DATA.str_cell, 0) < 0) {
+            DATA.PyErr_Clear();
+        }
+    }
+    if (failed) {
+        DATA.PyErr_Restore(et, ev, etb);
+    }
+    ts->tracing--;
+}
+
 /* A filtered frame evaluated with throwflag. */
 static __attribute__((noinline)) PyObject *filtered_throw(PyThreadState *ts, _PyInterpreterFrame *frame)
 {
     PyObject *et = 0, *ev = 0, *etb = 0;
     int64_t gen = DATA.gen;
+    int unseeded = 0;
     ts->tracing++;
     DATA.PyErr_Fetch(&et, &ev, &etb);
-    PyObject *saved = throw_resync(ts, gen);
+    PyObject *saved = throw_resync(ts, gen, &unseeded);
     DATA.PyErr_Restore(et, ev, etb);
     ts->tracing--;
     if (saved == 0) {
-        return DATA._PyEval_EvalFrameDefault(ts, frame, 1);
+        PyObject *res = DATA._PyEval_EvalFrameDefault(ts, frame, 1);
+        if (unseeded) {
+            throw_unseed(ts, gen, res == 0);
+        }
+        return res;
     }
     PyObject *res = DATA._PyEval_EvalFrameDefault(ts, frame, 1);
     throw_restore(ts, saved, gen, res == 0);
@@ -628,8 +653,22 @@ tracked_eval(PyThreadState *ts, _PyInterpreterFrame *frame, int throwflag, int d
             return 0;
         }
     }
+    PyObject *saved = 0;
     if (decided > 0 && DATA.enabled && DATA.gen == gen) {
+        if (throwflag) { /* frames may be linked in: a rebuilt chain must not outlive the pop */
+            struct ms_rec *r = get_rec(ts);
+            PyObject *cell = get_cell_r(ts, r);
+            /* only a top known to be right (the innermost activation's node) is put back */
+            if (cell != 0 && r->active_frame != 0 && list_items(cell)[0] == r->active_node) {
+                saved = list_items(cell)[0];
+                ms_incref(saved);
+            }
+        }
         node = push(ts, frame, gen);
+        if (node == 0 && saved != 0) {
+            ms_decref(saved);
+            saved = 0;
+        }
     }
     if (throwflag) {
         DATA.PyErr_Restore(et, ev, etb);
@@ -648,6 +687,9 @@ tracked_eval(PyThreadState *ts, _PyInterpreterFrame *frame, int throwflag, int d
     r->active_node = node;
     PyObject *res = DATA._PyEval_EvalFrameDefault(ts, frame, throwflag);
     pop(ts, node, prev_frame, prev_node, gen, res == 0);
+    if (saved != 0) {
+        throw_restore(ts, saved, gen, res == 0);
+    }
     return res;
 }
 

@@ -605,6 +605,77 @@ def test_throw_into_filtered_code_from_a_frame_started_before_install(tmp_path):
 
 
 @needs_shim
+@pytest.mark.parametrize("inner", ["library-raises", "tracked"])
+def test_thrower_snapshot_after_a_tracked_delegate_caught_the_throw(tmp_path, inner):
+    """The thrower runs the same code as the outer delegator G1; G1 -> G2 (tracked, catches)
+    -> inner. G2 receives the exception while G1 is linked in, so its push rebuilds the
+    chain with G1 in it; once G2 yields and pops, the thrower's own next snapshot (a raw
+    snapshot(), no push of its own to repair the stack first) must not show G1 (found by
+    review: it once did)."""
+    ns = _throw_lib(tmp_path)
+    libgen, E = ns["libgen"], ns["E"]
+    out: list = []
+
+    def g(other, inner_gen):
+        if other is not None:
+            got = other.throw(E)
+            snap = monstack.snapshot(); real = real_records(sys._getframe())  # noqa: E702 (one line)
+            yield got, shadow_records(snap), real
+            return
+        yield from inner_gen
+
+    def mid(inner_gen):
+        try:
+            yield from inner_gen
+        except (KeyError, E):
+            yield "mid caught"
+
+    def tracked_inner():
+        yield 1
+
+    for _ in range(3):
+        inner_gen = libgen(out, "raise") if inner == "library-raises" else tracked_inner()
+        delegator = g(None, mid(inner_gen))
+        assert next(delegator) == 1
+        [(got, shadow, real)] = list(g(delegator, None))
+        assert got == "mid caught"
+        assert shadow == real
+        out.clear()
+
+
+@needs_shim
+def test_throw_from_an_unseeded_thread_leaves_no_linked_frame_behind(tmp_path):
+    """The thread has no shadow stack yet when it throws (the thrower started before
+    install and made no tracked call since): a snapshot in the library seeds it while
+    CPython has the delegator linked in; after the throw the thrower's snapshot must not
+    keep that frame (found by review)."""
+    ns = library_module(tmp_path, "throw_lib", _THROW_LIB)
+    libgen, E = ns["libgen"], ns["E"]
+    out: list = []
+
+    def g(other, inner_gen):
+        if other is not None:
+            monstack.install(exclude=[str(tmp_path)])
+            list(ns["libdelegate"](iter(())))  # decides the library file (filtered); no tracked call
+            seeded = hasattr(_stack.TLS, "cell")
+            got = other.throw(E)
+            snap = monstack.snapshot(); real = real_records(sys._getframe())  # noqa: E702 (one line)
+            yield seeded, got, shadow_records(snap), real
+            return
+        yield from inner_gen
+
+    monstack.install(exclude=[str(tmp_path)])
+    delegator = g(None, libgen(out, "yield"))
+    assert next(delegator) == 1
+    monstack.uninstall()
+    [(seeded, got, shadow, real)] = list(g(delegator, None))
+    assert not seeded, "precondition: the thread has no shadow stack at the throw"
+    assert got == 2
+    assert shadow_records(out[0][0]) == out[0][1]
+    assert shadow == real
+
+
+@needs_shim
 def test_generator_stress_against_the_real_stack(installed):
     """Many generators delegating, thrown into, closed, resumed from varying depths."""
     import random
