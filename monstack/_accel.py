@@ -1,4 +1,4 @@
-"""Native ``sys.monitoring`` callbacks (CPython 3.12 / 3.13, GIL builds, x86-64 Linux).
+"""Native ``sys.monitoring`` callbacks (CPython 3.12 / 3.13, GIL builds, Linux x86-64/aarch64).
 
 The machine code (``compat/sysmon_native.c``, built by ``compat/build_native.py`` into
 ``monstack/_native/sysmon3XX-<arch>.bin``) keeps exactly the shadow stack of the
@@ -82,8 +82,8 @@ def _refusal() -> Optional[str]:
         return "debug build of CPython: not supported by the native callbacks"
     if not sys.platform.startswith("linux"):
         return f"native callbacks are built for Linux only (this is {sys.platform})"
-    if _native.machine() != "x86_64":
-        return f"no native callbacks for {_native.machine()} (x86_64 only)"
+    if _native.machine() not in ("x86_64", "aarch64"):
+        return f"no native callbacks for {_native.machine()} (x86_64 and aarch64 only)"
     if ctypes.sizeof(ctypes.c_void_p) != 8:
         return "needs a 64-bit interpreter"
     return None

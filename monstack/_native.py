@@ -196,7 +196,22 @@ def _load(name: str, expect_table_magic: Optional[int]) -> Blob:
     if libc.mprotect(base, mapsize, _PROT_READ | _PROT_EXEC) != 0:
         err = ctypes.get_errno()
         raise NativeUnavailable(f"the OS refuses executable memory (mprotect: {os.strerror(err)})")
+    if machine() == "aarch64":
+        _clear_icache(base, base + len(data))
     return blob
+
+
+def _clear_icache(start: int, end: int) -> None:
+    """aarch64: make the instruction cache see the code just copied (libgcc's
+    ``__clear_cache``; the data and instruction caches are not coherent there)."""
+    for lib in ("libgcc_s.so.1", None):
+        try:
+            fn = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)(("__clear_cache", ctypes.CDLL(lib)))
+        except (OSError, AttributeError):
+            continue
+        fn(start, end)
+        return
+    raise NativeUnavailable("cannot flush the instruction cache (no __clear_cache in libgcc_s.so.1)")
 
 
 def _fill_table(blob: Blob, expect_magic: Optional[int]) -> None:

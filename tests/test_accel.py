@@ -34,8 +34,8 @@ from stackcheck import captures_for_library_snapshots, library_module, real_reco
 OK, WHY = _accel.available()
 SUPPORTED = (
     sys.platform.startswith("linux")
-    and _native.machine() == "x86_64"
     and sys.version_info[:2] in ((3, 12), (3, 13))
+    and (_native.machine() == "x86_64" or (_native.machine(), sys.version_info[:2]) == ("aarch64", (3, 13)))
     and not sysconfig.get_config_var("Py_GIL_DISABLED")
     and not hasattr(sys, "gettotalrefcount")
 )
@@ -610,23 +610,31 @@ def _build_module():
     return build_native
 
 
-@pytest.mark.parametrize("version", ["3.12", "3.13"])
-def test_stored_blob_is_reproducible(version, tmp_path):
+@pytest.mark.parametrize("version, arch", [("3.12", "x86_64"), ("3.13", "x86_64"), ("3.13", "aarch64")])
+def test_stored_blob_is_reproducible(version, arch, tmp_path):
     build_native = _build_module()
-    name = f"sysmon{version.replace('.', '')}-x86_64"
+    name = f"sysmon{version.replace('.', '')}-{arch}"
     manifest = _native.read_manifest(name)
-    if shutil.which("gcc") is None or build_native.have_tools("x86_64"):
-        pytest.skip("no x86-64 compiler here")
-    if build_native.compiler_version("x86_64") != manifest["compiler"]:
+    if build_native.have_tools(arch):
+        pytest.skip(f"no {arch} compiler here")
+    if build_native.compiler_version(arch) != manifest["compiler"]:
         pytest.skip(f"compiler differs from the one that built the blob ({manifest['compiler']})")
     inc = build_native.find_include(version)
     if inc is None or build_native.header_version(inc) != manifest["python"]:
         pytest.skip(f"CPython {manifest['python']} headers not found")
-    out = build_native.build(os.path.join(ROOT, "compat", "sysmon_native.c"), inc, "x86_64", str(tmp_path / name))
+    out = build_native.build(os.path.join(ROOT, "compat", "sysmon_native.c"), inc, arch, str(tmp_path / name))
     with open(os.path.join(_native.NATIVE_DIR, name + ".bin"), "rb") as f:
         stored = f.read()
     assert (tmp_path / (name + ".bin")).read_bytes() == stored
     assert out["symbols"] == manifest["symbols"]
+
+
+@pytest.mark.skipif(_native.machine() != "aarch64", reason="the instruction cache is flushed on aarch64 only")
+def test_icache_flush_is_available():
+    import ctypes
+
+    buf = ctypes.create_string_buffer(256)
+    _native._clear_icache(ctypes.addressof(buf), ctypes.addressof(buf) + 256)  # raises if it cannot
 
 
 def test_build_refuses_external_symbols(tmp_path):
