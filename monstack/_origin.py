@@ -188,12 +188,13 @@ def print_exception(exc: BaseException, file: Optional[IO[str]] = None, color: O
 
 def _drop_own_entry(exc: BaseException, frame: Any) -> None:
     """Take a wrapper's own entry off the head of ``exc``'s traceback, as importlib does
-    for its frames: the job's traceback then goes from whatever ran it straight to the
-    job. Kept when it is the only entry (the call itself failed: wrong arguments).
-    A bare ``raise`` after this re-raises without adding the entry back."""
+    for its frames: the traceback is then the one a direct call of the job would give
+    (from whatever ran it straight to the job; ending at that caller's line when the job
+    is a C function or the call itself failed). A bare ``raise`` after this re-raises
+    without adding the entry back."""
     try:
         tb = exc.__traceback__
-        if tb is not None and tb.tb_frame is frame and tb.tb_next is not None:
+        if tb is not None and tb.tb_frame is frame:
             exc.__traceback__ = tb.tb_next
     except Exception:
         pass

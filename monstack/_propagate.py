@@ -16,6 +16,11 @@
   so user factories keep working (and their tasks inherit the origin) and every loop is
   covered, including loops that existed before ``install()``.
 - ``"asyncio_executor"``: ``loop.run_in_executor`` and ``asyncio.to_thread``.
+- ``"process"``: ``multiprocessing``'s ``Process.start`` (every start method). The
+  process's target runs with the starter's snapshot as its origin (it travels pickled
+  under spawn/forkserver), so the traceback the child prints when the target fails
+  carries a "Work created at" note. Processes that override ``run()`` instead of taking
+  a ``target``, and the worker processes of pools and managers, are left alone.
 
 Each replacement checks whether its point is still on and otherwise calls straight
 through, so a patch that somebody else wrapped after us is harmless after ``stop()``;
@@ -41,6 +46,7 @@ PROPAGATION_POINTS: tuple[str, ...] = (
     "process_pool",
     "asyncio_tasks",
     "asyncio_executor",
+    "process",
 )
 
 #: Points switched on now (read by the replacements on every call).
@@ -267,6 +273,52 @@ def _apply_process_pool() -> None:
     _patch(ProcessPoolExecutor, "submit", _make_submit("process_pool"))
 
 
+# -- multiprocessing.Process ----------------------------------------------------------------------
+
+#: Targets that run many jobs (pool and manager processes): no single origin is theirs.
+_INTERNAL_TARGET_MODULES = ("multiprocessing.", "concurrent.futures.")
+
+
+def _apply_process() -> None:
+    import multiprocessing.process
+
+    def make(original: Callable[..., None]) -> Callable[..., None]:
+        def start(self: Any) -> None:
+            if "process" not in _ON:
+                return original(self)
+            target = _wrap_process_target(self)
+            try:
+                return original(self)  # fork copies, spawn pickles, the wrapped target
+            finally:
+                if target is not None:
+                    try:  # the parent's object keeps the caller's own target
+                        self._target = target
+                    except Exception:
+                        pass
+
+        return start
+
+    _patch(multiprocessing.process.BaseProcess, "start", make)
+
+
+def _wrap_process_target(process: Any) -> Optional[Any]:
+    """Give ``process`` a target that runs the real one with an origin; the real one, or
+    None when left alone (no target, a pool's or manager's process, already wrapped)."""
+    try:
+        target = getattr(process, "_target", None)
+        if target is None or isinstance(target, _WithOrigin):
+            return None
+        if str(getattr(target, "__module__", "") or "").startswith(_INTERNAL_TARGET_MODULES):
+            return None
+        snap = _take()
+        if snap is None:
+            return None
+        process._target = _WithOrigin(target, snap)
+        return target
+    except Exception:
+        return None
+
+
 # -- asyncio -------------------------------------------------------------------------------------
 
 
@@ -369,6 +421,7 @@ _APPLY: dict[str, Callable[[], None]] = {
     "process_pool": _apply_process_pool,
     "asyncio_tasks": _apply_asyncio_tasks,
     "asyncio_executor": _apply_asyncio_executor,
+    "process": _apply_process,
 }
 
 
@@ -381,6 +434,7 @@ _TRIGGERS: dict[str, str] = {
     "process_pool": "concurrent.futures.process",
     "asyncio_tasks": "asyncio",
     "asyncio_executor": "asyncio",
+    "process": "multiprocessing.process",
 }
 #: Trigger module -> points waiting for it to be imported.
 _PENDING: dict[str, list[str]] = {}

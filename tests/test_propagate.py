@@ -203,17 +203,21 @@ def test_failed_jobs_tracebacks_show_no_monstack_wrapper_frames(installed, threa
     assert origin_of(info.value) is not None
 
 
-def test_wrapper_keeps_its_entry_when_the_call_itself_fails(installed):
-    """Wrong arguments fail in the call, before the job runs: the wrapper's entry is then
-    the only one, and the traceback keeps it rather than losing its last location."""
+def test_wrapper_entry_is_dropped_when_the_call_itself_fails(installed):
+    """Wrong arguments (or a C function as the job) fail with the wrapper's entry the only
+    one: the traceback then ends at the caller's line, as a direct call's would."""
 
     def takes_nothing() -> None:
         pass
 
     with pytest.raises(TypeError) as info:
-        monstack.wrap(takes_nothing)(1, 2)
-    frames = _tb_files_and_names(info.value)
-    assert frames and frames[-1][0].startswith(_PACKAGE_DIR + os.sep), frames
+        monstack.wrap(takes_nothing)(1, 2)  # @wrap-bad-call
+    frames = [(f.filename, f.lineno) for f in traceback.extract_tb(info.value.__traceback__)]
+    assert frames == [(THIS_FILE, line_of("wrap-bad-call"))]
+    with pytest.raises(ZeroDivisionError) as info:
+        monstack.wrap(operator.truediv)(1, 0)  # @wrap-c-call
+    frames = [(f.filename, f.lineno) for f in traceback.extract_tb(info.value.__traceback__)]
+    assert frames == [(THIS_FILE, line_of("wrap-c-call"))]
 
 
 def test_thread_pool_submit(installed):
@@ -266,6 +270,47 @@ def test_process_pool_map(installed, process_pool):
     with pytest.raises(ZeroDivisionError) as info:
         list(process_pool.map(operator.truediv, [1, 2], [1, 0]))  # @proc-map
     assert_created_at(origin_of(info.value), "proc-map")
+
+
+def _run_failing_process(capfd) -> tuple[Any, str]:
+    """A spawned multiprocessing.Process whose target fails; what the child printed."""
+    ctx = multiprocessing.get_context("spawn")  # fork() from threaded pytest warns on 3.12+
+    p = ctx.Process(target=operator.truediv, args=(1, 0), name="doomed")
+    p.start()  # @mp-start
+    p.join(60)
+    assert p.exitcode == 1
+    return p, capfd.readouterr().err
+
+
+def test_process_start_carries_origin_to_the_child(installed, capfd):
+    """The child prints its own traceback when the target fails; the note names the
+    parent's start() line, and the traceback shows no monstack frame."""
+    p, err = _run_failing_process(capfd)
+    assert "Process doomed:" in err and "ZeroDivisionError" in err
+    assert "Work created at (most recent call last):" in err
+    assert f'"{THIS_FILE}", line {line_of("mp-start")}, in _run_failing_process' in err
+    assert "monstack" not in err.split("Work created at")[0]
+    assert p._target is operator.truediv  # the parent's object keeps its own target
+
+
+def test_process_point_off_adds_nothing(capfd):
+    monstack.install(propagate=["threading"])
+    _p, err = _run_failing_process(capfd)
+    assert "ZeroDivisionError" in err and "Work created at" not in err
+
+
+def test_pool_and_manager_processes_are_left_alone(installed):
+    """Their processes run many jobs: no single origin is theirs (jobs get their own)."""
+    from concurrent.futures import process as cfp
+    from multiprocessing import pool as mpool
+
+    for target in (cfp._process_worker, mpool.worker):
+        proc = multiprocessing.get_context("spawn").Process(target=target)
+        assert _propagate._wrap_process_target(proc) is None
+        assert proc._target is target
+    proc = multiprocessing.get_context("spawn").Process(target=operator.truediv)
+    assert _propagate._wrap_process_target(proc) is operator.truediv
+    assert isinstance(proc._target, _origin._WithOrigin)
 
 
 def test_process_pool_parent_attaches_when_pickling_drops_it(installed, process_pool):
@@ -520,6 +565,7 @@ def test_endless_resubmission_chain_is_capped():
 def _targets() -> dict[str, list[tuple[Any, str]]]:
     import asyncio.base_events
     import asyncio.threads
+    import multiprocessing.process
 
     return {
         "threading": [(threading.Thread, "start")],
@@ -531,6 +577,7 @@ def _targets() -> dict[str, list[tuple[Any, str]]]:
             (asyncio.threads, "to_thread"),
             (asyncio, "to_thread"),
         ],
+        "process": [(multiprocessing.process.BaseProcess, "start")],
     }
 
 
