@@ -59,6 +59,9 @@ class _WithOrigin:
             _attach_if_absent(exc, snap)
             _drop_own_entry(exc, sys._getframe())
             raise
+        except BaseException as exc:  # KeyboardInterrupt, SystemExit...: no note, same traceback
+            _drop_own_entry(exc, sys._getframe())
+            raise
         finally:
             try:
                 CURRENT_ORIGIN.reset(token)

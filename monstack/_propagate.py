@@ -192,6 +192,9 @@ def _bind_thread(thread: threading.Thread) -> Optional[tuple]:
                 _attach_if_absent(exc, snap)
                 _drop_own_entry(exc, sys._getframe())
                 raise
+            except BaseException as exc:  # SystemExit...: no note, same traceback
+                _drop_own_entry(exc, sys._getframe())
+                raise
             finally:
                 CURRENT_ORIGIN.reset(token)
                 _unbind_thread(thread, bound)
@@ -280,33 +283,43 @@ _INTERNAL_TARGET_MODULES = ("multiprocessing.", "concurrent.futures.")
 
 
 def _apply_process() -> None:
-    import multiprocessing.process
+    # `import a.b as c` (IMPORT_FROM) also works while the post-import hook runs inside
+    # multiprocessing/__init__'s own import of .process; `a.b.X` attribute access does not.
+    import multiprocessing.process as mp_process
 
     def make(original: Callable[..., None]) -> Callable[..., None]:
         def start(self: Any) -> None:
             if "process" not in _ON:
                 return original(self)
             target = _wrap_process_target(self)
+            wrapper = self.__dict__.get("_target") if target is not None else None
             try:
                 return original(self)  # fork copies, spawn pickles, the wrapped target
             finally:
+                # start() deletes _target on success (bpo-30775); put it back only if
+                # start() failed before that
                 if target is not None:
-                    try:  # the parent's object keeps the caller's own target
-                        self._target = target
+                    try:
+                        if self.__dict__.get("_target") is wrapper:
+                            self._target = target
                     except Exception:
                         pass
 
         return start
 
-    _patch(multiprocessing.process.BaseProcess, "start", make)
+    _patch(mp_process.BaseProcess, "start", make)
 
 
 def _wrap_process_target(process: Any) -> Optional[Any]:
     """Give ``process`` a target that runs the real one with an origin; the real one, or
-    None when left alone (no target, a pool's or manager's process, already wrapped)."""
+    None when left alone (no callable target, a subclass with its own ``run()``, a
+    pool's or manager's process, already wrapped)."""
     try:
         target = getattr(process, "_target", None)
-        if target is None or isinstance(target, _WithOrigin):
+        if target is None or isinstance(target, _WithOrigin) or not callable(target):
+            return None
+        base = sys.modules["multiprocessing.process"].BaseProcess
+        if getattr(type(process), "run", None) is not base.run:  # run() overridden: its business
             return None
         if str(getattr(target, "__module__", "") or "").startswith(_INTERNAL_TARGET_MODULES):
             return None

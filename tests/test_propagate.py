@@ -202,6 +202,13 @@ def test_failed_jobs_tracebacks_show_no_monstack_wrapper_frames(installed, threa
     _assert_no_monstack_frames(info.value, "fail")
     assert origin_of(info.value) is not None
 
+    def leave() -> None:
+        raise SystemExit(3)
+
+    with pytest.raises(SystemExit) as exit_info:  # not an Exception: no note, same traceback
+        monstack.wrap(leave)()
+    _assert_no_monstack_frames(exit_info.value, "leave")
+
 
 def test_wrapper_entry_is_dropped_when_the_call_itself_fails(installed):
     """Wrong arguments (or a C function as the job) fail with the wrapper's entry the only
@@ -290,7 +297,53 @@ def test_process_start_carries_origin_to_the_child(installed, capfd):
     assert "Work created at (most recent call last):" in err
     assert f'"{THIS_FILE}", line {line_of("mp-start")}, in _run_failing_process' in err
     assert "monstack" not in err.split("Work created at")[0]
-    assert p._target is operator.truediv  # the parent's object keeps its own target
+    assert not hasattr(p, "_target")  # start() drops it, as without monstack (bpo-30775)
+
+
+def test_process_point_applies_when_multiprocessing_is_imported_after_install():
+    """The usual order: install() first, multiprocessing (or concurrent.futures.process)
+    imported later -- the patch is applied by the import hook while multiprocessing is
+    still initialising (found by review: it once failed there, silently)."""
+    import subprocess
+
+    code = (
+        "import monstack; monstack.install()\n"
+        "import {mod}\n"
+        "from monstack import _propagate\n"
+        "print(sorted(a for o, a, _ in _propagate.patched() if o.__name__ == 'BaseProcess'))\n"
+    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    for mod in ("multiprocessing", "concurrent.futures.process"):
+        out = subprocess.run([sys.executable, "-c", code.format(mod=mod)], capture_output=True,
+                             text=True, env=env, timeout=120)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.strip() == "['start']", (mod, out.stdout, out.stderr)
+
+
+def test_failed_process_start_gives_the_target_back(installed):
+    ctx = multiprocessing.get_context("spawn")
+
+    def local_target() -> None:  # a local function cannot be pickled for spawn
+        pass
+
+    p = ctx.Process(target=local_target)
+    with pytest.raises(Exception):
+        p.start()
+    assert p._target is local_target
+
+
+def test_process_subclasses_with_their_own_run_and_odd_targets_are_left_alone(installed):
+    class OwnRun(multiprocessing.get_context("spawn").Process):
+        def run(self) -> None:
+            pass
+
+    proc = OwnRun(target=operator.truediv)
+    assert _propagate._wrap_process_target(proc) is None
+    assert proc._target is operator.truediv
+    proc = multiprocessing.get_context("spawn").Process(target=None)
+    assert _propagate._wrap_process_target(proc) is None
+    proc._target = "data, not a callable"
+    assert _propagate._wrap_process_target(proc) is None
 
 
 def test_process_point_off_adds_nothing(capfd):
