@@ -84,6 +84,7 @@ def check_chain_limit(value: Any) -> int:
 def start(options: dict) -> None:
     """Apply the patches named in ``options["propagate"]``; set the chain cap."""
     stop()
+    FAILED.clear()
     _snapshot.set_chain_limit(options.get("chain_limit", _snapshot.DEFAULT_CHAIN_LIMIT))
     points = options.get("propagate", frozenset())
     try:
@@ -508,13 +509,30 @@ class _PatchingLoader:
             if name in _ON:
                 try:
                     _APPLY[name]()
-                except Exception:  # never break the program's import
-                    pass
+                except Exception as exc:  # never break the program's import; but say so
+                    _patch_failed(name, exc)
         if not _PENDING:
             try:
                 sys.meta_path.remove(_HOOK)
             except ValueError:
                 pass
 
+
+def _patch_failed(name: str, exc: BaseException) -> None:
+    """A point could not be patched when its module was imported: the program goes on,
+    that point's work gets no origin, and the user is told (a MonstackWarning, or a line
+    on stderr where warnings are errors: never an exception inside their import)."""
+    FAILED[name] = f"{type(exc).__name__}: {exc}"
+    try:
+        from . import _install
+
+        _install._warn(f"monstack: could not patch propagation point {name!r} ({FAILED[name]}); "
+                       "work it creates gets no origin")
+    except Exception:
+        pass
+
+
+#: Points whose patch failed when their module was imported: name -> error (for tests, info).
+FAILED: dict[str, str] = {}
 
 _HOOK = _PostImportHook()

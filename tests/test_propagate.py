@@ -320,6 +320,27 @@ def test_process_point_applies_when_multiprocessing_is_imported_after_install():
         assert out.stdout.strip() == "['start']", (mod, out.stdout, out.stderr)
 
 
+def test_a_point_that_cannot_be_patched_at_import_says_so():
+    """The import of the program goes on, but the user is told (once, as a warning)."""
+    import subprocess
+
+    code = (
+        "import monstack\n"
+        "from monstack import _propagate\n"
+        "def boom():\n"
+        "    raise RuntimeError('no such attribute here')\n"
+        "_propagate._APPLY['process'] = boom\n"
+        "monstack.install()\n"
+        "import multiprocessing\n"
+        "print('imported', _propagate.FAILED)\n"
+    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "imported {'process': 'RuntimeError: no such attribute here'}" in out.stdout
+    assert "could not patch propagation point 'process'" in out.stderr
+
+
 def test_failed_process_start_gives_the_target_back(installed):
     ctx = multiprocessing.get_context("spawn")
 
