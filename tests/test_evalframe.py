@@ -605,45 +605,6 @@ def test_throw_into_filtered_code_from_a_frame_started_before_install(tmp_path):
 
 
 @needs_shim
-@pytest.mark.parametrize("inner", ["library-raises", "tracked"])
-def test_thrower_snapshot_after_a_tracked_delegate_caught_the_throw(tmp_path, inner):
-    """The thrower runs the same code as the outer delegator G1; G1 -> G2 (tracked, catches)
-    -> inner. G2 receives the exception while G1 is linked in, so its push rebuilds the
-    chain with G1 in it; once G2 yields and pops, the thrower's own next snapshot (a raw
-    snapshot(), no push of its own to repair the stack first) must not show G1 (found by
-    review: it once did)."""
-    ns = _throw_lib(tmp_path)
-    libgen, E = ns["libgen"], ns["E"]
-    out: list = []
-
-    def g(other, inner_gen):
-        if other is not None:
-            got = other.throw(E)
-            snap = monstack.snapshot(); real = real_records(sys._getframe())  # noqa: E702 (one line)
-            yield got, shadow_records(snap), real
-            return
-        yield from inner_gen
-
-    def mid(inner_gen):
-        try:
-            yield from inner_gen
-        except (KeyError, E):
-            yield "mid caught"
-
-    def tracked_inner():
-        yield 1
-
-    for _ in range(3):
-        inner_gen = libgen(out, "raise") if inner == "library-raises" else tracked_inner()
-        delegator = g(None, mid(inner_gen))
-        assert next(delegator) == 1
-        [(got, shadow, real)] = list(g(delegator, None))
-        assert got == "mid caught"
-        assert shadow == real
-        out.clear()
-
-
-@needs_shim
 def test_throw_from_an_unseeded_thread_leaves_no_linked_frame_behind(tmp_path):
     """The thread has no shadow stack yet when it throws (the thrower started before
     install and made no tracked call since): a snapshot in the library seeds it while
