@@ -32,6 +32,7 @@
 #define Py_BUILD_CORE 1
 #include <Python.h>
 #include <internal/pycore_frame.h>
+#include <internal/pycore_gc.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -73,7 +74,12 @@
     X(int, PyContextVar_Get, (PyObject *, PyObject *, PyObject **))             \
     X(void *, PyMem_Calloc, (size_t, size_t))                                   \
     X(void, PyMem_Free, (void *))                                               \
-    X(void, PyObject_GC_UnTrack, (void *))
+    X(void, PyObject_GC_UnTrack, (void *))                                      \
+    X(void, PyObject_GC_Del, (void *))                                          \
+    X(void *, PyObject_Malloc, (size_t))                                        \
+    X(void, PyObject_Free, (void *))                                            \
+    X(PyVarObject *, PyObject_InitVar, (PyVarObject *, PyTypeObject *, Py_ssize_t)) \
+    X(PyObject *, PyErr_NoMemory, (void))
 
 /* X(field, symbol): addresses of C-API objects (&symbol). */
 #define MS_OBJS(X)                                                              \
@@ -164,6 +170,8 @@ const uint64_t ms_layout[] = {
     offsetof(PyTypeObject, tp_weaklistoffset),
     offsetof(PyTypeObject, tp_alloc),
     Py_TPFLAGS_HAVE_GC,
+    offsetof(PyTypeObject, tp_free),
+    sizeof(PyGC_Head),
 };
 __attribute__((used))
 const char ms_layout_names[] =
@@ -172,7 +180,7 @@ const char ms_layout_names[] =
     "co_firsttraceable\0co_code_adaptive\0tuple_ob_item\0list_ob_item\0"
     "var_ob_size\0sizeof_PyMethodDef\0ml_meth\0ml_flags\0co_extra\0ma_version_tag\0"
     "tp_basicsize\0tp_itemsize\0tp_flags\0tp_base\0tp_dictoffset\0tp_weaklistoffset\0"
-    "tp_alloc\0TPFLAGS_HAVE_GC\0";
+    "tp_alloc\0TPFLAGS_HAVE_GC\0tp_free\0sizeof_PyGC_Head\0";
 
 /* ---------------------------------------------------------------- refcounts */
 /* Py_INCREF is inline with no external reference; Py_DECREF would name _Py_Dealloc. */
@@ -234,6 +242,8 @@ struct ms_state {
     PyObject *origin_var;
     PyObject *slow;       /* monstack.snapshot: capture()'s fallback (strong; or NULL) */
     int snap_untrack;
+    int snap_raw;         /* snapshots allocated by ms_snap_alloc (cls->tp_free is ms_snap_free) */
+    PyObject **ints;      /* ms_int's cache: ints[i] is the int i (strong) or NULL; or NULL */
     int untrack_nodes;    /* code objects are not GC containers (always so in 3.12/3.13) */
     /* per-code decision cache in co_extra[extra_index] (-1: none): the value
      * (epoch << 2) | 2 | tracked, where epoch identifies this state's policy */
@@ -275,6 +285,34 @@ static void ms_cache_drop(struct ms_state *st)
     ms_xdecref(cell);
 }
 
+/* The int of an instruction offset (a node's call site, a snapshot's lasti), new
+ * reference or NULL with an exception. Offsets past 256 are not CPython's cached small
+ * ints: each would be allocated with its node or snapshot and freed with it, so this
+ * state keeps the ints of the offsets below MS_INTS it has used (at most 16 KB of
+ * pointers plus the ints; released with the state). */
+#define MS_INTS 2048
+static PyObject *ms_int(struct ms_state *st, long v)
+{
+    if (LIKELY(v >= 0 && v < MS_INTS)) {
+        if (UNLIKELY(st->ints == NULL)) {
+            st->ints = (PyObject **)API.PyMem_Calloc(MS_INTS, sizeof(PyObject *));
+        }
+        if (LIKELY(st->ints != NULL)) {
+            PyObject *o = st->ints[v];
+            if (UNLIKELY(o == NULL)) {
+                o = API.PyLong_FromLong(v);
+                if (o == NULL) {
+                    return NULL;
+                }
+                st->ints[v] = o;
+            }
+            Py_INCREF(o);
+            return o;
+        }
+    }
+    return API.PyLong_FromLong(v);
+}
+
 static void ms_state_free(PyObject *capsule)
 {
     struct ms_state *st = (struct ms_state *)API.PyCapsule_GetPointer(capsule, STATE_NAME);
@@ -296,6 +334,12 @@ static void ms_state_free(PyObject *capsule)
     ms_xdecref(st->snap_cls);
     ms_xdecref(st->origin_var);
     ms_xdecref(st->slow);
+    if (st->ints != NULL) {
+        for (long i = 0; i < MS_INTS; i++) {
+            ms_xdecref(st->ints[i]);
+        }
+        API.PyMem_Free(st->ints);
+    }
     st->magic = 0;
     API.PyMem_Free(st);
 }
@@ -573,13 +617,13 @@ static int ms_push(struct ms_state *st, PyThreadState *ts, PyObject *cell, PyObj
     }
     PyObject *off;
     if (lasti >= 0) {
-        off = API.PyLong_FromLong(lasti);
+        off = ms_int(st, lasti);
         if (off == NULL) {
             ms_decref(node);
             return -1;
         }
         st->n_push_known++;
-        top = *slot; /* (PyLong_FromLong cannot run Python code; re-read anyway) */
+        top = *slot; /* (ms_int cannot run Python code; re-read anyway) */
     }
     else {
         off = st->unknown;
@@ -807,6 +851,49 @@ static inline int ms_fast_top(struct ms_state *st, int from_caller, PyObject **t
     return 1;
 }
 
+/* ---------------------------------------------------------------- snapshot memory */
+/* A Snapshot is a 5-tuple subclass that can never be part of a reference cycle (it holds
+ * nodes, ints, None, plain records and older snapshots), so the native paths untrack it.
+ * Allocated through PyType_GenericAlloc it still counts as a new GC object: on 3.12
+ * (threshold 700) a framework keeping a few hundred ops in flight, each with a snapshot,
+ * triggered ~15x more young collections, each traversing everything in flight -- ~4%
+ * of the op-queue bench. So the native paths allocate snapshots the way
+ * _PyType_AllocNoTrack does, minus _PyObject_GC_Link (the count and the collection it
+ * may schedule), as CPython's own free lists skip them; the class's tp_free becomes
+ * ms_snap_free, PyObject_GC_Del minus the count decrement. A snapshot allocated by
+ * Python (tuple.__new__, counted) and freed here is simply never uncounted: the count
+ * then reaches the threshold a little earlier, the behaviour of a snapshot kept alive. */
+#ifdef Py_TPFLAGS_INLINE_VALUES
+#define MS_TPFLAGS_INLINE_VALUES Py_TPFLAGS_INLINE_VALUES
+#else
+#define MS_TPFLAGS_INLINE_VALUES 0
+#endif
+#define MS_SNAP_ITEMS 5
+#define MS_SNAP_BASICSIZE ((Py_ssize_t)offsetof(PyTupleObject, ob_item))
+#define MS_SNAP_SIZE (offsetof(PyTupleObject, ob_item) + MS_SNAP_ITEMS * sizeof(PyObject *))
+
+static void ms_snap_free(void *op)
+{
+    API.PyObject_GC_UnTrack(op); /* a no-op unless Python allocated (and tracked) it */
+    API.PyObject_Free((char *)op - sizeof(PyGC_Head));
+}
+
+/* An untracked, uncounted 5-item instance of cls (checked by snapshot_setup), items
+ * NULL; new reference or NULL with MemoryError. */
+static PyObject *ms_snap_alloc(PyTypeObject *cls)
+{
+    uintptr_t *mem = (uintptr_t *)API.PyObject_Malloc(sizeof(PyGC_Head) + MS_SNAP_SIZE);
+    if (mem == NULL) {
+        return API.PyErr_NoMemory();
+    }
+    for (size_t i = 0; i < (sizeof(PyGC_Head) + MS_SNAP_SIZE) / sizeof(uintptr_t); i++) {
+        mem[i] = 0; /* _gc_next = 0: not tracked; items NULL */
+    }
+    PyObject *op = (PyObject *)((char *)mem + sizeof(PyGC_Head));
+    API.PyObject_InitVar((PyVarObject *)op, cls, MS_SNAP_ITEMS); /* type ref, refcount 1 */
+    return op;
+}
+
 /* snapshot_setup(cls, origin_var, slow) -> None: the Snapshot class snapshot_new and
  * capture build (a tuple subclass), the ContextVar of the current origin they read, and
  * capture()'s fallback (monstack.snapshot). Instances are untracked by the GC when they
@@ -826,6 +913,7 @@ PyObject *ms_snapshot_setup(PyObject *self, PyObject *const *args, Py_ssize_t na
         /* retire: capture() keeps working through st->slow (kept), the rest declines */
         st->snap_cls = NULL;
         st->origin_var = NULL;
+        st->snap_raw = 0;
         ms_xdecref(old_cls);
         ms_xdecref(old_var);
         Py_INCREF(NONE);
@@ -850,6 +938,19 @@ PyObject *ms_snapshot_setup(PyObject *self, PyObject *const *args, Py_ssize_t na
     st->snap_untrack = st->untrack_nodes && cls->tp_basicsize == tup->tp_basicsize &&
                        cls->tp_itemsize == tup->tp_itemsize && cls->tp_dictoffset == 0 &&
                        cls->tp_weaklistoffset == 0;
+    /* Adopt the class's deallocation (see ms_snap_free): only an untrackable class whose
+     * memory starts with exactly a PyGC_Head, still freed by CPython's PyObject_GC_Del
+     * (or already adopted by this code). Kept for good: instances allocated here may
+     * outlive this state, and this code is never unmapped. */
+    if (st->snap_untrack && (cls->tp_flags & Py_TPFLAGS_HAVE_GC) &&
+        !(cls->tp_flags & (Py_TPFLAGS_PREHEADER | MS_TPFLAGS_INLINE_VALUES)) &&
+        (cls->tp_flags & Py_TPFLAGS_HEAPTYPE) && cls->tp_basicsize == MS_SNAP_BASICSIZE &&
+        cls->tp_itemsize == (Py_ssize_t)sizeof(PyObject *)) {
+        if (cls->tp_free == API.PyObject_GC_Del) {
+            cls->tp_free = ms_snap_free;
+        }
+    }
+    st->snap_raw = st->snap_untrack && cls->tp_free == ms_snap_free;
     ms_xdecref(old_cls);
     ms_xdecref(old_var);
     ms_xdecref(old_slow);
@@ -885,17 +986,17 @@ static PyObject *ms_build_snapshot(struct ms_state *st, int from_caller)
     if (!ms_fast_top(st, from_caller, &top, &lasti)) {
         goto none;
     }
-    PyObject *off = API.PyLong_FromLong(lasti);
+    PyObject *off = ms_int(st, lasti);
     if (off == NULL) {
         return NULL;
     }
-    PyObject *zero = API.PyLong_FromLong(0);
+    PyObject *zero = ms_int(st, 0);
     if (zero == NULL) {
         ms_decref(off);
         return NULL;
     }
     Py_INCREF(top); /* before the allocation: a collection may replace cell[0] */
-    PyObject *snap = cls->tp_alloc(cls, 5);
+    PyObject *snap = st->snap_raw ? ms_snap_alloc(cls) : cls->tp_alloc(cls, 5);
     if (snap == NULL) {
         ms_decref(top);
         ms_decref(off);
@@ -909,7 +1010,7 @@ static PyObject *ms_build_snapshot(struct ms_state *st, int from_caller)
     Py_INCREF(NONE);
     PyTuple_SET_ITEM(snap, 3, NONE);
     PyTuple_SET_ITEM(snap, 4, zero);
-    if (st->snap_untrack) {
+    if (st->snap_untrack && !st->snap_raw) {
         API.PyObject_GC_UnTrack(snap);
     }
     return snap;
@@ -999,7 +1100,7 @@ PyObject *ms_snapshot_fast(PyObject *self, PyObject *const *args, Py_ssize_t nar
     if (out == NULL) {
         return NULL;
     }
-    PyObject *off = API.PyLong_FromLong(lasti);
+    PyObject *off = ms_int(st, lasti);
     if (off == NULL) {
         ms_decref(out);
         return NULL;

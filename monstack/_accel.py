@@ -173,6 +173,14 @@ def _verify_type_fields(lay: Dict[str, int], need: Callable[[bool, str], None]) 
     alloc = ctypes.cast(ctypes.pythonapi.PyType_GenericAlloc, ctypes.c_void_p).value
     need(word(Sub, "tp_alloc", ctypes.c_void_p) == alloc, "PyTypeObject.tp_alloc")
     need(lay["TPFLAGS_HAVE_GC"] == 1 << 14 and bool(tuple.__flags__ & lay["TPFLAGS_HAVE_GC"]), "Py_TPFLAGS_HAVE_GC")
+    # snapshot_setup adopts the Snapshot class's tp_free (ms_snap_free): it must find
+    # CPython's PyObject_GC_Del there, and a PyGC_Head of the compiled size before each
+    # instance (sys.getsizeof counts it).
+    gc_del = ctypes.cast(ctypes.pythonapi.PyObject_GC_Del, ctypes.c_void_p).value
+    need(word(Sub, "tp_free", ctypes.c_void_p) == gc_del, "PyTypeObject.tp_free")
+    probe = Sub((1, 2))
+    need(sys.getsizeof(probe) - Sub.__basicsize__ - 2 * Sub.__itemsize__ == lay["sizeof_PyGC_Head"],
+         "sizeof(PyGC_Head)")
 
 
 def _verify_code_extra(lay: Dict[str, int], need: Callable[[bool, str], None]) -> None:

@@ -841,6 +841,129 @@ def test_native_snapshots_and_nodes_are_not_gc_tracked():
         w.me = w  # the cycle the collector must still be able to see
 
 
+def _tp_free(cls):
+    import ctypes
+
+    return ctypes.c_void_p.from_address(id(cls) + _accel._layout(_accel._blob)["tp_free"]).value
+
+
+@needs_native
+def test_native_snapshots_do_not_count_as_gc_allocations():
+    """Natively built snapshots are never tracked, so they must not count towards the
+    young generation's threshold either: on 3.12 they multiplied the collections of a
+    framework keeping ops in flight (each collection traversing all of them)."""
+    from monstack._snapshot import CURRENT_ORIGIN, Snapshot
+
+    with tracking(True):
+        cap = monstack.snapshotter()
+        _via_fast, via_new = _snap_helpers()
+
+        def user(n):
+            return [cap() for _ in range(n)] + [via_new() for _ in range(n)]
+
+        user(10)
+        was = gc.isenabled()
+        gc.disable()
+        try:
+            before = gc.get_count()[0]
+            snaps = user(1000)
+            grew = gc.get_count()[0] - before
+        finally:
+            if was:
+                gc.enable()
+        assert all(type(s) is Snapshot and not gc.is_tracked(s) for s in snaps)
+        assert shadow_records(snaps[0])[-1][2] == "user"  # (3.12+: comprehensions are inlined)
+        assert grew < 100, grew  # 2000 snapshots; counted, the count would grow by 2000+
+        # the class's memory is now released by the native code, for snapshots from
+        # Python (an origin set: the Python path) and native ones alike, installed or not
+        assert _tp_free(Snapshot) != _tp_free(tuple.__class__("Plain", (tuple,), {"__slots__": ()}))
+        token = CURRENT_ORIGIN.set(cap())
+        try:
+            linked = [cap() for _ in range(100)]
+        finally:
+            CURRENT_ORIGIN.reset(token)
+        assert all(s.origin is not None for s in linked)
+    del snaps
+    gc.collect()
+    base = sys.getallocatedblocks()
+    for _ in range(3):
+        with tracking(True):
+            cap = monstack.snapshotter()
+            token = CURRENT_ORIGIN.set(cap())
+            try:
+                held = [cap() for _ in range(2000)]
+            finally:
+                CURRENT_ORIGIN.reset(token)
+            held += [cap() for _ in range(2000)]
+        del held, cap, token  # the last ones freed after uninstall
+        gc.collect()
+    assert sys.getallocatedblocks() - base < 1000
+
+
+@needs_native
+def test_offsets_past_the_small_ints_are_shared_not_allocated():
+    """A snapshot's offset and a node's call site past 256 (not CPython's cached small
+    ints) come from the state's int cache: two snapshots from one site share the int."""
+    body = "".join(f"    x{i} = n + {i}\n" for i in range(150))
+    src = ("def callee(cap):\n    return cap()\n\n"
+           "def site(n, cap):\n" + body + "    a = cap()\n    b = cap()\n    c = callee(cap)\n"
+           "    d = callee(cap)\n    return a, b, c, d\n")
+    with tracking(True):
+        cap = monstack.snapshotter()
+        ns: dict = {}
+        exec(compile(src, "/monstack-test/accel_offsets.py", "exec"), ns)
+        ns["site"](1, cap)
+        a, b, c, d = ns["site"](1, cap)
+        assert a._lasti > 256 and b._lasti > a._lasti
+        first, second = ns["site"](1, cap)[:2]
+        assert first._lasti == a._lasti and first._lasti is a._lasti
+        assert second._lasti is b._lasti
+        # the call site callee's node records, past 256 too
+        assert c._node[2] > 256 and c._node[2] is ns["site"](1, cap)[2]._node[2]
+        assert [r[2] for r in shadow_records(c)][-2:] == ["site", "callee"]
+        assert shadow_records(a)[-1][1] == 155 and shadow_records(c)[-2][1] == 157
+        assert a.records()[-1][1] == 155 and b.records()[-1][1] == 156
+
+
+@needs_native
+def test_snapshot_memory_adopted_only_for_plain_tuple_classes():
+    """A class whose instances may join a cycle keeps CPython's allocation (tracked);
+    a subclass of Snapshot keeps CPython's tp_free."""
+    from monstack._snapshot import CURRENT_ORIGIN, Snapshot
+
+    class Weak(tuple):
+        @classmethod
+        def _new(cls, node, lasti, origin=None):
+            return tuple.__new__(cls, (node, lasti, None, None, 0))
+
+    class Sub(Snapshot):
+        __slots__ = ()
+
+    gc_del = _tp_free(tuple.__class__("Plain", (tuple,), {"__slots__": ()}))
+    with tracking(True):
+        _accel.snapshot_new(_registered(), Weak, CURRENT_ORIGIN)
+        assert _tp_free(Weak) == gc_del
+        assert _tp_free(Sub) == gc_del
+        s = tuple.__new__(Sub, (None, -1, None, None, 0))
+        del s  # freed by CPython's own tp_free
+
+
+def test_gc_head_size_mismatch_is_refused(monkeypatch):
+    if not OK:
+        pytest.skip(f"native callbacks unavailable: {WHY}")
+    blob = _accel._blob
+    real = _accel._layout
+
+    def wrong(b):
+        lay = dict(real(b))
+        lay["sizeof_PyGC_Head"] += 8
+        return lay
+
+    monkeypatch.setattr(_accel, "_layout", wrong)
+    with pytest.raises(_native.NativeUnavailable, match="PyGC_Head"):
+        _accel._verify_layout(blob)
+
+
 @needs_native
 def test_probe_agrees_in_other_threads():
     out: list = []
