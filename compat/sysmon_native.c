@@ -172,6 +172,9 @@ const uint64_t ms_layout[] = {
     Py_TPFLAGS_HAVE_GC,
     offsetof(PyTypeObject, tp_free),
     sizeof(PyGC_Head),
+    offsetof(PyTypeObject, tp_dealloc),
+    offsetof(PyTypeObject, tp_finalize),
+    offsetof(PyTypeObject, tp_del),
 };
 __attribute__((used))
 const char ms_layout_names[] =
@@ -180,7 +183,7 @@ const char ms_layout_names[] =
     "co_firsttraceable\0co_code_adaptive\0tuple_ob_item\0list_ob_item\0"
     "var_ob_size\0sizeof_PyMethodDef\0ml_meth\0ml_flags\0co_extra\0ma_version_tag\0"
     "tp_basicsize\0tp_itemsize\0tp_flags\0tp_base\0tp_dictoffset\0tp_weaklistoffset\0"
-    "tp_alloc\0TPFLAGS_HAVE_GC\0tp_free\0sizeof_PyGC_Head\0";
+    "tp_alloc\0TPFLAGS_HAVE_GC\0tp_free\0sizeof_PyGC_Head\0tp_dealloc\0tp_finalize\0tp_del\0";
 
 /* ---------------------------------------------------------------- refcounts */
 /* Py_INCREF is inline with no external reference; Py_DECREF would name _Py_Dealloc. */
@@ -878,6 +881,41 @@ static void ms_snap_free(void *op)
     API.PyObject_Free((char *)op - sizeof(PyGC_Head));
 }
 
+/* The class's tp_dealloc once adopted: what subtype_dealloc does for a Snapshot --
+ * untrack, the base tuple's deallocation (items, then tp_free), the type's reference --
+ * without its generic steps for finalizers, __slots__, __dict__ and weakrefs (the
+ * class has none: checked at adoption) and without its trashcan. The only recursion a
+ * snapshot can start goes down its origin chain (nodes and records are plain tuples,
+ * whose deallocation has its own trashcan), and that is unrolled here: an origin
+ * this is the last reference to is deallocated by the next turn of the loop.
+ * A subclass's instances come here from subtype_dealloc (their base's dealloc) and are
+ * freed by their own tp_free. */
+static void ms_snap_dealloc(PyObject *op)
+{
+    destructor tuple_dealloc = ((PyTypeObject *)API.tuple_type)->tp_dealloc;
+    for (;;) {
+        PyTypeObject *tp = Py_TYPE(op);
+        PyObject *origin = NULL;
+        if (Py_SIZE(op) > 2) {
+            origin = PyTuple_GET_ITEM(op, 2);
+            PyTuple_SET_ITEM(op, 2, NULL); /* tuple_dealloc skips NULL items */
+        }
+        tuple_dealloc(op); /* untracks, releases the items, calls tp->tp_free */
+        ms_decref((PyObject *)tp);
+        if (origin == NULL) {
+            return;
+        }
+        if (Py_TYPE(origin)->tp_dealloc == ms_snap_dealloc && !_Py_IsImmortal(origin) &&
+            origin->ob_refcnt == 1) {
+            origin->ob_refcnt = 0; /* the reference this snapshot held was the last */
+            op = origin;
+            continue;
+        }
+        ms_decref(origin);
+        return;
+    }
+}
+
 /* An untracked, uncounted 5-item instance of cls (checked by snapshot_setup), items
  * NULL; new reference or NULL with MemoryError. */
 static PyObject *ms_snap_alloc(PyTypeObject *cls)
@@ -904,8 +942,8 @@ __attribute__((used, noinline))
 PyObject *ms_snapshot_setup(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     struct ms_state *st = ms_state_of(self);
-    if (st == NULL || nargs != 3) {
-        API.PyErr_SetString((PyObject *)API.exc_type, "snapshot_setup(cls, origin_var, slow) on a live state");
+    if (st == NULL || nargs != 4) {
+        API.PyErr_SetString((PyObject *)API.exc_type, "snapshot_setup(cls, origin_var, slow, plain) on a live state");
         return NULL;
     }
     PyObject *old_cls = st->snap_cls, *old_var = st->origin_var, *old_slow = st->slow;
@@ -938,19 +976,25 @@ PyObject *ms_snapshot_setup(PyObject *self, PyObject *const *args, Py_ssize_t na
     st->snap_untrack = st->untrack_nodes && cls->tp_basicsize == tup->tp_basicsize &&
                        cls->tp_itemsize == tup->tp_itemsize && cls->tp_dictoffset == 0 &&
                        cls->tp_weaklistoffset == 0;
-    /* Adopt the class's deallocation (see ms_snap_free): only an untrackable class whose
-     * memory starts with exactly a PyGC_Head, still freed by CPython's PyObject_GC_Del
-     * (or already adopted by this code). Kept for good: instances allocated here may
-     * outlive this state, and this code is never unmapped. */
+    /* Adopt the class's deallocation (see ms_snap_free, ms_snap_dealloc): only an
+     * untrackable class whose memory starts with exactly a PyGC_Head, with no finalizer,
+     * still deallocated and freed as every class statement's are (subtype_dealloc: the
+     * tp_dealloc of `plain`, an instance of such a class; PyObject_GC_Del), or already
+     * adopted by this code. Kept for good: instances allocated here may outlive this
+     * state, and this code is never unmapped. */
+    destructor plain = Py_TYPE(args[3])->tp_dealloc;
     if (st->snap_untrack && (cls->tp_flags & Py_TPFLAGS_HAVE_GC) &&
         !(cls->tp_flags & (Py_TPFLAGS_PREHEADER | MS_TPFLAGS_INLINE_VALUES)) &&
         (cls->tp_flags & Py_TPFLAGS_HEAPTYPE) && cls->tp_basicsize == MS_SNAP_BASICSIZE &&
-        cls->tp_itemsize == (Py_ssize_t)sizeof(PyObject *)) {
-        if (cls->tp_free == API.PyObject_GC_Del) {
+        cls->tp_itemsize == (Py_ssize_t)sizeof(PyObject *) && cls->tp_finalize == NULL &&
+        cls->tp_del == NULL && (Py_TYPE(args[3])->tp_flags & Py_TPFLAGS_HEAPTYPE) &&
+        plain != tup->tp_dealloc) {
+        if (cls->tp_free == API.PyObject_GC_Del && cls->tp_dealloc == plain) {
             cls->tp_free = ms_snap_free;
+            cls->tp_dealloc = ms_snap_dealloc;
         }
     }
-    st->snap_raw = st->snap_untrack && cls->tp_free == ms_snap_free;
+    st->snap_raw = st->snap_untrack && cls->tp_free == ms_snap_free && cls->tp_dealloc == ms_snap_dealloc;
     ms_xdecref(old_cls);
     ms_xdecref(old_var);
     ms_xdecref(old_slow);

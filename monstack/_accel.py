@@ -181,6 +181,24 @@ def _verify_type_fields(lay: Dict[str, int], need: Callable[[bool, str], None]) 
     probe = Sub((1, 2))
     need(sys.getsizeof(probe) - Sub.__basicsize__ - 2 * Sub.__itemsize__ == lay["sizeof_PyGC_Head"],
          "sizeof(PyGC_Head)")
+    # ... and its tp_dealloc (subtype_dealloc, not exported: same in every class
+    # statement's class, not tuple's own), checking tp_finalize and tp_del are empty.
+
+    class Other(tuple):
+        __slots__ = ()
+
+    class Final:
+        def __del__(self) -> None:
+            pass
+
+    need(lay["tp_dealloc"] == lay["tp_itemsize"] + ctypes.sizeof(ctypes.c_ssize_t), "PyTypeObject.tp_dealloc")
+    sub_dealloc = word(Sub, "tp_dealloc", ctypes.c_void_p)
+    need(sub_dealloc is not None and sub_dealloc == word(Other, "tp_dealloc", ctypes.c_void_p)
+         and sub_dealloc != word(tuple, "tp_dealloc", ctypes.c_void_p), "PyTypeObject.tp_dealloc")
+    need(word(Sub, "tp_finalize", ctypes.c_void_p) is None and word(Final, "tp_finalize", ctypes.c_void_p) is not None,
+         "PyTypeObject.tp_finalize")
+    need(word(Sub, "tp_del", ctypes.c_void_p) is None and word(Final, "tp_del", ctypes.c_void_p) is None,
+         "PyTypeObject.tp_del")
 
 
 def _verify_code_extra(lay: Dict[str, int], need: Callable[[bool, str], None]) -> None:
@@ -378,6 +396,16 @@ def snapshot_fast(callback: Any) -> Callable[[], Optional[tuple]]:
     return _native.cached_function(_blob, "ms_snapshot_fast", "snapshot_fast", self_obj=callback.__self__)
 
 
+class _Plain(tuple):
+    """What snapshot_setup compares the Snapshot class with: deallocated and freed as
+    every class statement's instances are, before the native code adopts that."""
+
+    __slots__ = ()
+
+
+_PLAIN = _Plain()
+
+
 def snapshot_new(callback: Any, cls: Any = None, origin_var: Any = None) -> Optional[Callable[[], Any]]:
     """The whole O(1) case of ``monstack.snapshot()``, natively, or None if unusable.
 
@@ -403,7 +431,8 @@ def snapshot_new(callback: Any, cls: Any = None, origin_var: Any = None) -> Opti
     from ._install import snapshot
 
     state = callback.__self__
-    _native.cached_function(_blob, "ms_snapshot_setup", "snapshot_setup", self_obj=state)(cls, origin_var, snapshot)
+    _native.cached_function(_blob, "ms_snapshot_setup", "snapshot_setup", self_obj=state)(
+        cls, origin_var, snapshot, _PLAIN)
     return _native.cached_function(_blob, "ms_snapshot_new", "snapshot_new", self_obj=state)
 
 
@@ -420,7 +449,8 @@ def retire(callback: Any) -> None:
     """Uninstall (or a distrusted shadow stack): the native snapshot paths of this state
     decline from now on; functions handed out keep working through ``monstack.snapshot``."""
     assert _blob is not None
-    _native.cached_function(_blob, "ms_snapshot_setup", "snapshot_setup", self_obj=callback.__self__)(None, None, None)
+    _native.cached_function(_blob, "ms_snapshot_setup", "snapshot_setup", self_obj=callback.__self__)(
+        None, None, None, None)
 
 
 def empty_callback() -> Callable:

@@ -841,10 +841,10 @@ def test_native_snapshots_and_nodes_are_not_gc_tracked():
         w.me = w  # the cycle the collector must still be able to see
 
 
-def _tp_free(cls):
+def _tp_free(cls, slot="tp_free"):
     import ctypes
 
-    return ctypes.c_void_p.from_address(id(cls) + _accel._layout(_accel._blob)["tp_free"]).value
+    return ctypes.c_void_p.from_address(id(cls) + _accel._layout(_accel._blob)[slot]).value
 
 
 @needs_native
@@ -939,13 +939,46 @@ def test_snapshot_memory_adopted_only_for_plain_tuple_classes():
     class Sub(Snapshot):
         __slots__ = ()
 
-    gc_del = _tp_free(tuple.__class__("Plain", (tuple,), {"__slots__": ()}))
+    plain = tuple.__class__("Plain", (tuple,), {"__slots__": ()})
+    gc_del, subtype_dealloc = _tp_free(plain), _tp_free(plain, "tp_dealloc")
     with tracking(True):
+        adopted = _tp_free(Snapshot), _tp_free(Snapshot, "tp_dealloc")
+        assert gc_del not in adopted and subtype_dealloc not in adopted
+        origin = monstack.snapshotter()()
+        assert type(origin) is Snapshot
+        # subclass instances: subtype_dealloc, then the adopted base dealloc, which
+        # releases their items (an origin, records) and frees them with their tp_free
+        s = tuple.__new__(Sub, (None, -1, origin, None, 1))
+        rec = ("f", 1, "g", None, None, None)
+        t = tuple.__new__(Sub, (None, -1, tuple.__new__(Sub, (None, -1, None, (rec,), 0)), None, 1))
+        assert sys.getrefcount(origin) == 3 and s.origin is origin and t.origin.records() == (rec,)
+        del s, t
+        assert sys.getrefcount(origin) == 2
         _accel.snapshot_new(_registered(), Weak, CURRENT_ORIGIN)
-        assert _tp_free(Weak) == gc_del
-        assert _tp_free(Sub) == gc_del
-        s = tuple.__new__(Sub, (None, -1, None, None, 0))
-        del s  # freed by CPython's own tp_free
+        assert (_tp_free(Weak), _tp_free(Weak, "tp_dealloc")) == (gc_del, subtype_dealloc)
+        assert (_tp_free(Sub), _tp_free(Sub, "tp_dealloc")) == (gc_del, subtype_dealloc)
+
+
+def test_long_origin_chains_are_freed_without_recursion():
+    """The adopted dealloc unrolls a snapshot's origin chain (subtype_dealloc's trashcan
+    no longer guards it): a 300,000-hop chain (chain_limit raised) is freed, in a child
+    process, without exhausting the C stack."""
+    code = (
+        "import monstack\n"
+        "from monstack._snapshot import CURRENT_ORIGIN\n"
+        "monstack.install(chain_limit=10**6)\n"
+        "cap = monstack.snapshotter()\n"
+        "s = None\n"
+        "for _ in range(300_000):\n"
+        "    t = CURRENT_ORIGIN.set(s); s = cap(); CURRENT_ORIGIN.reset(t)\n"
+        "print(s._hops, s.records()[-1][2])\n"
+        "del s\n"
+        "print('freed')\n"
+    )
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, (out.returncode, out.stderr[-2000:])
+    assert out.stdout.split() == ["299999", "<module>", "freed"]
 
 
 def test_gc_head_size_mismatch_is_refused(monkeypatch):
