@@ -87,6 +87,7 @@
     X(true_, _Py_TrueStruct)                                                    \
     X(false_, _Py_FalseStruct)                                                  \
     X(tuple_type, PyTuple_Type)                                                 \
+    X(long_type, PyLong_Type)                                                   \
     X(list_type, PyList_Type)                                                   \
     X(dict_type, PyDict_Type)                                                   \
     X(code_type, PyCode_Type)                                                   \
@@ -247,6 +248,7 @@ struct ms_state {
     int snap_untrack;
     int snap_raw;         /* snapshots allocated by ms_snap_alloc (cls->tp_free is ms_snap_free) */
     PyObject **ints;      /* ms_int's cache: ints[i] is the int i (strong) or NULL; or NULL */
+    PyObject *shorten;    /* [hops at which Snapshot._new shortens a chain] (strong; or NULL) */
     int untrack_nodes;    /* code objects are not GC containers (always so in 3.12/3.13) */
     /* per-code decision cache in co_extra[extra_index] (-1: none): the value
      * (epoch << 2) | 2 | tracked, where epoch identifies this state's policy */
@@ -337,6 +339,7 @@ static void ms_state_free(PyObject *capsule)
     ms_xdecref(st->snap_cls);
     ms_xdecref(st->origin_var);
     ms_xdecref(st->slow);
+    ms_xdecref(st->shorten);
     if (st->ints != NULL) {
         for (long i = 0; i < MS_INTS; i++) {
             ms_xdecref(st->ints[i]);
@@ -932,30 +935,41 @@ static PyObject *ms_snap_alloc(PyTypeObject *cls)
     return op;
 }
 
-/* snapshot_setup(cls, origin_var, slow) -> None: the Snapshot class snapshot_new and
- * capture build (a tuple subclass), the ContextVar of the current origin they read, and
- * capture()'s fallback (monstack.snapshot). Instances are untracked by the GC when they
- * cannot be part of a cycle: no __dict__, no weakrefs, no extra slots (then a snapshot
- * holds only nodes, ints and None). snapshot_setup(None, None, None) retires the fast
+/* snapshot_setup(cls, origin_var, slow, plain, shorten) -> None: the Snapshot class
+ * snapshot_new and capture build (a tuple subclass), the ContextVar of the current
+ * origin they read, capture()'s fallback (monstack.snapshot), an instance of a plain
+ * class (see the adoption below) and the one-item list holding the hop count at which
+ * Snapshot._new shortens an origin chain (_snapshot._SHORTEN_CELL: it changes with
+ * install(chain_limit=...)). Instances are untracked by the GC when they cannot be part
+ * of a cycle: no __dict__, no weakrefs, no extra slots (then a snapshot holds only
+ * nodes, ints, None and older snapshots). snapshot_setup(None, ...) retires the fast
  * paths (uninstall): capture() then always falls back. */
 __attribute__((used, noinline))
 PyObject *ms_snapshot_setup(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     struct ms_state *st = ms_state_of(self);
-    if (st == NULL || nargs != 4) {
-        API.PyErr_SetString((PyObject *)API.exc_type, "snapshot_setup(cls, origin_var, slow, plain) on a live state");
+    if (st == NULL || nargs != 5) {
+        API.PyErr_SetString((PyObject *)API.exc_type,
+                            "snapshot_setup(cls, origin_var, slow, plain, shorten) on a live state");
         return NULL;
     }
     PyObject *old_cls = st->snap_cls, *old_var = st->origin_var, *old_slow = st->slow;
+    PyObject *old_shorten = st->shorten;
     if (args[0] == NONE) {
         /* retire: capture() keeps working through st->slow (kept), the rest declines */
         st->snap_cls = NULL;
         st->origin_var = NULL;
+        st->shorten = NULL;
         st->snap_raw = 0;
         ms_xdecref(old_cls);
         ms_xdecref(old_var);
+        ms_xdecref(old_shorten);
         Py_INCREF(NONE);
         return NONE;
+    }
+    if (!IS_TYPE(args[4], list_type) || Py_SIZE(args[4]) != 1) {
+        API.PyErr_SetString((PyObject *)API.exc_type, "snapshot_setup(): shorten must be a [int] list");
+        return NULL;
     }
     if (!IS_TYPE(Py_TYPE(args[0]), type_type)) {
         API.PyErr_SetString((PyObject *)API.exc_type, "snapshot_setup(): cls must be a type");
@@ -970,9 +984,11 @@ PyObject *ms_snapshot_setup(PyObject *self, PyObject *const *args, Py_ssize_t na
     Py_INCREF(args[0]);
     Py_INCREF(args[1]);
     Py_INCREF(args[2]);
+    Py_INCREF(args[4]);
     st->snap_cls = args[0];
     st->origin_var = args[1];
     st->slow = args[2];
+    st->shorten = args[4];
     st->snap_untrack = st->untrack_nodes && cls->tp_basicsize == tup->tp_basicsize &&
                        cls->tp_itemsize == tup->tp_itemsize && cls->tp_dictoffset == 0 &&
                        cls->tp_weaklistoffset == 0;
@@ -998,15 +1014,50 @@ PyObject *ms_snapshot_setup(PyObject *self, PyObject *const *args, Py_ssize_t na
     ms_xdecref(old_cls);
     ms_xdecref(old_var);
     ms_xdecref(old_slow);
+    ms_xdecref(old_shorten);
     Py_INCREF(NONE);
     return NONE;
 }
 
-/* The O(1) snapshot when no origin is set: an instance of snapshot_setup's cls,
- * (top, lasti, None, None, 0), exactly what Snapshot._new(top, lasti, None) builds
- * (checked by monstack/_accel.py before it hands the functions out), of the current
- * frame (from_caller = 0) or of its caller (1). A new reference, None (new reference:
- * take the Python path) or NULL with an exception. */
+/* Snapshot._new's hop bookkeeping: meta = dropped << MS_HOP_BITS | hops. */
+#define MS_HOP_BITS 32
+#define MS_HOP_MASK ((1LL << MS_HOP_BITS) - 1)
+
+/* The meta int of a snapshot linked to `origin` (Snapshot._new: origin's meta + 1), as
+ * a new reference; None (new reference) when Python must decide: origin not exactly
+ * cls, or the chain due to be shortened (Snapshot._new makes the shortened copy). */
+static PyObject *ms_linked_meta(struct ms_state *st, PyTypeObject *cls, PyObject *origin)
+{
+    if (Py_TYPE(origin) != cls || Py_SIZE(origin) != 5 || st->shorten == NULL) {
+        goto none;
+    }
+    PyObject *m = PyTuple_GET_ITEM(origin, 4);
+    PyObject *at = ((PyListObject *)st->shorten)->ob_item[0];
+    if (!IS_TYPE(m, long_type) || !IS_TYPE(at, long_type)) {
+        goto none;
+    }
+    Py_ssize_t meta = API.PyLong_AsSsize_t(m);
+    Py_ssize_t shorten_at = API.PyLong_AsSsize_t(at);
+    if (meta < 0 || shorten_at < 0 || meta >= PY_SSIZE_T_MAX) {
+        API.PyErr_Clear(); /* -1: an error (too big) */
+        goto none;
+    }
+    meta += 1;
+    if ((meta & MS_HOP_MASK) >= shorten_at) {
+        goto none;
+    }
+    return meta < MS_INTS ? ms_int(st, (long)meta) : API.PyLong_FromLong((long)meta);
+none:
+    Py_INCREF(NONE);
+    return NONE;
+}
+
+/* The O(1) snapshot: an instance of snapshot_setup's cls, (top, lasti, None, None, 0)
+ * or, under an origin, (top, lasti, origin, None, origin's meta + 1): exactly what
+ * Snapshot._new(top, lasti, origin) builds (checked by monstack/_accel.py before it
+ * hands the functions out), of the current frame (from_caller = 0) or of its caller
+ * (1). A new reference, None (new reference: take the Python path) or NULL with an
+ * exception. */
 static PyObject *ms_build_snapshot(struct ms_state *st, int from_caller)
 {
     PyObject *top;
@@ -1020,23 +1071,35 @@ static PyObject *ms_build_snapshot(struct ms_state *st, int from_caller)
         API.PyErr_Clear();
         goto none;
     }
-    if (origin != NULL) {
-        int is_none = origin == NONE;
-        ms_decref(origin);
-        if (!is_none) {
+    if (origin == NULL) {
+        origin = NONE;
+        Py_INCREF(NONE);
+    }
+    PyObject *meta;
+    if (origin == NONE) {
+        meta = ms_int(st, 0);
+    }
+    else {
+        meta = ms_linked_meta(st, cls, origin);
+        if (meta == NONE) {
+            ms_decref(meta);
+            ms_decref(origin);
             goto none;
         }
     }
+    if (meta == NULL) {
+        ms_decref(origin);
+        return NULL;
+    }
     if (!ms_fast_top(st, from_caller, &top, &lasti)) {
+        ms_decref(meta);
+        ms_decref(origin);
         goto none;
     }
     PyObject *off = ms_int(st, lasti);
     if (off == NULL) {
-        return NULL;
-    }
-    PyObject *zero = ms_int(st, 0);
-    if (zero == NULL) {
-        ms_decref(off);
+        ms_decref(meta);
+        ms_decref(origin);
         return NULL;
     }
     Py_INCREF(top); /* before the allocation: a collection may replace cell[0] */
@@ -1044,16 +1107,16 @@ static PyObject *ms_build_snapshot(struct ms_state *st, int from_caller)
     if (snap == NULL) {
         ms_decref(top);
         ms_decref(off);
-        ms_decref(zero);
+        ms_decref(meta);
+        ms_decref(origin);
         return NULL;
     }
     PyTuple_SET_ITEM(snap, 0, top);
     PyTuple_SET_ITEM(snap, 1, off);
-    Py_INCREF(NONE);
-    PyTuple_SET_ITEM(snap, 2, NONE);
+    PyTuple_SET_ITEM(snap, 2, origin);
     Py_INCREF(NONE);
     PyTuple_SET_ITEM(snap, 3, NONE);
-    PyTuple_SET_ITEM(snap, 4, zero);
+    PyTuple_SET_ITEM(snap, 4, meta);
     if (st->snap_untrack && !st->snap_raw) {
         API.PyObject_GC_UnTrack(snap);
     }

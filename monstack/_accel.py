@@ -410,10 +410,11 @@ def snapshot_new(callback: Any, cls: Any = None, origin_var: Any = None) -> Opti
     """The whole O(1) case of ``monstack.snapshot()``, natively, or None if unusable.
 
     Returns a no-argument callable, to be called from inside ``snapshot()`` itself:
-    it returns the finished ``Snapshot`` of snapshot()'s caller when no origin is set
-    and the fast case holds (top node = the caller's code, call site known), else None
-    (take the Python path). Before handing it out, checks that what it builds equals
-    ``Snapshot._new(top, lasti, None)``; returns None if the Snapshot layout changed.
+    it returns the finished ``Snapshot`` of snapshot()'s caller when the fast case holds
+    (top node = the caller's code, call site known; no origin, or an origin whose chain
+    is not due to be shortened), else None (take the Python path). Before handing it
+    out, checks that what it builds equals ``Snapshot._new(top, lasti, origin)``; returns
+    None if the Snapshot layout changed.
     """
     from ._snapshot import CURRENT_ORIGIN, Snapshot
 
@@ -423,8 +424,17 @@ def snapshot_new(callback: Any, cls: Any = None, origin_var: Any = None) -> Opti
     if not ok:
         raise _native.NativeUnavailable(why)
     assert _blob is not None
+    from . import _snapshot
+
     try:
         if cls.__base__ is not tuple or cls._new(None, 7, None) != (None, 7, None, None, 0):
+            return None
+        # under an origin: (node, lasti, origin, None, origin's meta + 1), hops in the
+        # low 32 bits (the native code's MS_HOP_BITS)
+        first = cls._new(None, 7, None)
+        if tuple.__getitem__(cls._new(None, 8, first), slice(None)) != (None, 8, first, None, 1):
+            return None
+        if _snapshot._HOP_BITS != 32:
             return None
     except Exception:
         return None
@@ -432,7 +442,7 @@ def snapshot_new(callback: Any, cls: Any = None, origin_var: Any = None) -> Opti
 
     state = callback.__self__
     _native.cached_function(_blob, "ms_snapshot_setup", "snapshot_setup", self_obj=state)(
-        cls, origin_var, snapshot, _PLAIN)
+        cls, origin_var, snapshot, _PLAIN, _snapshot._SHORTEN_CELL)
     return _native.cached_function(_blob, "ms_snapshot_new", "snapshot_new", self_obj=state)
 
 
@@ -450,7 +460,7 @@ def retire(callback: Any) -> None:
     decline from now on; functions handed out keep working through ``monstack.snapshot``."""
     assert _blob is not None
     _native.cached_function(_blob, "ms_snapshot_setup", "snapshot_setup", self_obj=callback.__self__)(
-        None, None, None, None)
+        None, None, None, None, None)
 
 
 def empty_callback() -> Callable:

@@ -31,8 +31,10 @@ CURRENT_ORIGIN: "contextvars.ContextVar[Optional[Snapshot]]" = contextvars.Conte
 #: origins (see ``Snapshot._new``), so endless resubmission chains use flat memory.
 DEFAULT_CHAIN_LIMIT = 8
 CHAIN_LIMIT = DEFAULT_CHAIN_LIMIT
-#: Hop count at which ``Snapshot._new`` shortens a chain (``2 * CHAIN_LIMIT``).
+#: Hop count at which ``Snapshot._new`` shortens a chain (``2 * CHAIN_LIMIT``), and the
+#: same in a list the native snapshot path reads (it links snapshots to origins too).
 _SHORTEN_AT = 2 * DEFAULT_CHAIN_LIMIT
+_SHORTEN_CELL = [_SHORTEN_AT]
 
 #: A snapshot stores its hop count and dropped count in one int (one read on the hot
 #: path): ``dropped << _HOP_BITS | hops``.
@@ -46,6 +48,7 @@ def set_chain_limit(limit: int) -> None:
     limit = min(int(limit), _HOP_MASK // 2)
     CHAIN_LIMIT = limit
     _SHORTEN_AT = 2 * limit
+    _SHORTEN_CELL[0] = _SHORTEN_AT
 
 
 #: One frame as plain data: filename, lineno, name, end_lineno, colno, end_colno.

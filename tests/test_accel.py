@@ -710,17 +710,88 @@ def test_native_snapshot_paths_equal_the_python_snapshot():
             return next(ln for start, end, ln in user.__code__.co_lines() if start <= off < end)
 
         assert line(r[1]) == line(raw_s[1]) == line(p._lasti)
-        # an origin set: the native full path declines (the chain logic is Python's)
+        # an origin set: the native path links to it as Snapshot._new does
         token = CURRENT_ORIGIN.set(p)
         try:
-            assert via_new() is None
+            linked, py_linked = via_new(), Snapshot._new(p._node, p._lasti, p)
         finally:
             CURRENT_ORIGIN.reset(token)
+        assert type(linked) is Snapshot and not gc.is_tracked(linked)  # built natively
+        assert tuple.__getitem__(linked, slice(2, 5)) == tuple.__getitem__(py_linked, slice(2, 5)) == (p, None, 1)
+        assert linked.origin is p
+        assert shadow_records(linked)[-1][2] == "test_native_snapshot_paths_equal_the_python_snapshot"
         # called through C (map): the lambda's push skipped the C-stack entry frame and
         # recorded its caller's site, so the native paths answer -- with the real stack
         [(r, s, p, real)] = list(map(lambda _: (via_fast(), via_new(), monstack.snapshot(), real_records()), [0]))
         assert r is not None and s is not None
         assert shadow_records(s) == shadow_records(p) == real
+
+
+def _chain_shapes(native, limit, n):
+    """(hops, dropped, shown origins, innermost function) of n snapshots, each taken
+    under the previous one as origin, with chain_limit=limit."""
+    from monstack._snapshot import CURRENT_ORIGIN
+
+    out = []
+    with tracking(native, chain_limit=limit):
+        cap = monstack.snapshotter()
+
+        def take():
+            return cap()
+
+        s = None
+        for _ in range(n):
+            token = CURRENT_ORIGIN.set(s)
+            try:
+                s = take()
+            finally:
+                CURRENT_ORIGIN.reset(token)
+            shown, dropped = s.chain()
+            out.append((s._hops, s._dropped, len(shown), dropped, s.records()[-1][2], gc.is_tracked(s)))
+    return out
+
+
+@needs_native
+@pytest.mark.parametrize("limit", [1, 2, 8])
+def test_native_origin_links_and_shortens_like_python(limit):
+    """Snapshots under an origin (every thread, pool job and task started after install
+    has one) are built natively too; a chain due to be shortened takes the Python path,
+    which makes the shortened copy. Same hops, drops and chains as the Python callbacks."""
+    native = _chain_shapes(True, limit, 5 * limit + 3)
+    python = _chain_shapes(False, limit, 5 * limit + 3)
+    assert [x[:5] for x in native] == [x[:5] for x in python]
+    assert max(x[0] for x in native) < 2 * limit  # physically capped
+    assert all(x[4] == "take" for x in native)
+    # built natively (untracked at birth) but for the shortening ones (Python's); with
+    # chain_limit=1 every link shortens
+    if limit > 1:
+        assert sum(not x[5] for x in native) >= len(native) // 2
+    assert all(x[5] for x in python)
+
+
+@needs_native
+def test_native_snapshot_in_a_started_thread():
+    """A thread started after install runs with an origin: its snapshots take the native
+    path (they used to fall back to Python: ~10x slower) and carry the starter's origin."""
+    with tracking(True, propagate=True):
+        cap = monstack.snapshotter()
+        out = []
+
+        def worker():
+            cap()  # (the first fills in the thread's bottom node: the Python path)
+            out.append(cap())
+
+        def starter():
+            t = threading.Thread(target=worker)
+            t.start()
+            t.join()
+
+        starter()
+        (snap,) = out
+        assert not gc.is_tracked(snap)  # the native path
+        assert shadow_records(snap)[-1][2] == "worker"
+        assert snap.origin is not None and [r[2] for r in snap.origin.records()][-1] == "starter"
+        assert snap._hops == 1
 
 
 _DEEP_LIB = """
@@ -824,7 +895,8 @@ def test_native_snapshots_and_nodes_are_not_gc_tracked():
         class Weak(tuple):
             @classmethod
             def _new(cls, node, lasti, origin=None):
-                return tuple.__new__(cls, (node, lasti, None, None, 0))
+                meta = 0 if origin is None else tuple.__getitem__(origin, 4) + 1
+                return tuple.__new__(cls, (node, lasti, origin, None, meta))
 
         from monstack._snapshot import CURRENT_ORIGIN
 
@@ -934,7 +1006,8 @@ def test_snapshot_memory_adopted_only_for_plain_tuple_classes():
     class Weak(tuple):
         @classmethod
         def _new(cls, node, lasti, origin=None):
-            return tuple.__new__(cls, (node, lasti, None, None, 0))
+            meta = 0 if origin is None else tuple.__getitem__(origin, 4) + 1
+            return tuple.__new__(cls, (node, lasti, origin, None, meta))
 
     class Sub(Snapshot):
         __slots__ = ()
@@ -954,7 +1027,7 @@ def test_snapshot_memory_adopted_only_for_plain_tuple_classes():
         assert sys.getrefcount(origin) == 3 and s.origin is origin and t.origin.records() == (rec,)
         del s, t
         assert sys.getrefcount(origin) == 2
-        _accel.snapshot_new(_registered(), Weak, CURRENT_ORIGIN)
+        assert _accel.snapshot_new(_registered(), Weak, CURRENT_ORIGIN) is not None
         assert (_tp_free(Weak), _tp_free(Weak, "tp_dealloc")) == (gc_del, subtype_dealloc)
         assert (_tp_free(Sub), _tp_free(Sub, "tp_dealloc")) == (gc_del, subtype_dealloc)
 
