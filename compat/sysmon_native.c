@@ -79,7 +79,14 @@
     X(void *, PyObject_Malloc, (size_t))                                        \
     X(void, PyObject_Free, (void *))                                            \
     X(PyVarObject *, PyObject_InitVar, (PyVarObject *, PyTypeObject *, Py_ssize_t)) \
-    X(PyObject *, PyErr_NoMemory, (void))
+    X(PyObject *, PyErr_NoMemory, (void))                                       \
+    X(int, PyObject_CallFinalizerFromDealloc, (PyObject *))                     \
+    MS_FUNCS_VERSIONED(X)
+#if PY_VERSION_HEX >= 0x030D0000
+#define MS_FUNCS_VERSIONED(X) X(PyRefTracer, PyRefTracer_GetTracer, (void **))
+#else
+#define MS_FUNCS_VERSIONED(X)
+#endif
 
 /* X(field, symbol): addresses of C-API objects (&symbol). */
 #define MS_OBJS(X)                                                              \
@@ -246,7 +253,7 @@ struct ms_state {
     PyObject *origin_var;
     PyObject *slow;       /* monstack.snapshot: capture()'s fallback (strong; or NULL) */
     int snap_untrack;
-    int snap_raw;         /* snapshots allocated by ms_snap_alloc (cls->tp_free is ms_snap_free) */
+    int snap_raw;         /* snapshots allocated by ms_snap_alloc (cls->tp_dealloc is ms_snap_dealloc) */
     PyObject **ints;      /* ms_int's cache: ints[i] is the int i (strong) or NULL; or NULL */
     PyObject *shorten;    /* [hops at which Snapshot._new shortens a chain] (strong; or NULL) */
     int untrack_nodes;    /* code objects are not GC containers (always so in 3.12/3.13) */
@@ -862,13 +869,14 @@ static inline int ms_fast_top(struct ms_state *st, int from_caller, PyObject **t
  * nodes, ints, None, plain records and older snapshots), so the native paths untrack it.
  * Allocated through PyType_GenericAlloc it still counts as a new GC object: on 3.12
  * (threshold 700) a framework keeping a few hundred ops in flight, each with a snapshot,
- * triggered ~15x more young collections, each traversing everything in flight -- ~4%
+ * triggered ~10x more young collections, each traversing everything in flight -- ~4%
  * of the op-queue bench. So the native paths allocate snapshots the way
  * _PyType_AllocNoTrack does, minus _PyObject_GC_Link (the count and the collection it
- * may schedule), as CPython's own free lists skip them; the class's tp_free becomes
- * ms_snap_free, PyObject_GC_Del minus the count decrement. A snapshot allocated by
- * Python (tuple.__new__, counted) and freed here is simply never uncounted: the count
- * then reaches the threshold a little earlier, the behaviour of a snapshot kept alive. */
+ * may schedule), as CPython's own free lists skip them, and mark them (MS_SNAP_MARK in
+ * the untracked header's _gc_prev, which nothing reads while untracked). The class's
+ * tp_dealloc becomes ms_snap_dealloc, which frees a marked snapshot uncounted and
+ * anything else (allocated by Python: tracked and counted) through the class's own
+ * tp_free, PyObject_GC_Del, as before. */
 #ifdef Py_TPFLAGS_INLINE_VALUES
 #define MS_TPFLAGS_INLINE_VALUES Py_TPFLAGS_INLINE_VALUES
 #else
@@ -877,33 +885,56 @@ static inline int ms_fast_top(struct ms_state *st, int from_caller, PyObject **t
 #define MS_SNAP_ITEMS 5
 #define MS_SNAP_BASICSIZE ((Py_ssize_t)offsetof(PyTupleObject, ob_item))
 #define MS_SNAP_SIZE (offsetof(PyTupleObject, ob_item) + MS_SNAP_ITEMS * sizeof(PyObject *))
+/* low two bits clear: _PyGC_PREV_MASK_FINALIZED / _COLLECTING stay unset */
+#define MS_SNAP_MARK ((uintptr_t)0x6d736e70u << 2)
 
-static void ms_snap_free(void *op)
-{
-    API.PyObject_GC_UnTrack(op); /* a no-op unless Python allocated (and tracked) it */
-    API.PyObject_Free((char *)op - sizeof(PyGC_Head));
-}
-
-/* The class's tp_dealloc once adopted: what subtype_dealloc does for a Snapshot --
- * untrack, the base tuple's deallocation (items, then tp_free), the type's reference --
- * without its generic steps for finalizers, __slots__, __dict__ and weakrefs (the
- * class has none: checked at adoption) and without its trashcan. The only recursion a
- * snapshot can start goes down its origin chain (nodes and records are plain tuples,
- * whose deallocation has its own trashcan), and that is unrolled here: an origin
- * this is the last reference to is deallocated by the next turn of the loop.
- * A subclass's instances come here from subtype_dealloc (their base's dealloc) and are
- * freed by their own tp_free. */
+/* The class's tp_dealloc once adopted: what subtype_dealloc and tupledealloc do for a
+ * Snapshot -- finalizer (only if one was added later), untrack, release the items,
+ * free, the type's reference -- without subtype_dealloc's generic steps for __slots__,
+ * __dict__ and weakrefs (the class has none: checked at adoption) and without its
+ * trashcan. The only recursion a snapshot can start goes down its origin chain (nodes
+ * and records are plain tuples, whose deallocation has its own trashcan; a snapshot
+ * placed in another one's other items by hand, with tuple.__new__, is not guarded),
+ * and that is unrolled here: an origin this is the last reference to is deallocated by
+ * the next turn of the loop. A subclass's instances come here from subtype_dealloc
+ * (their base's dealloc), which did its own steps: the base tuple's dealloc frees them
+ * with their own tp_free. */
 static void ms_snap_dealloc(PyObject *op)
 {
     destructor tuple_dealloc = ((PyTypeObject *)API.tuple_type)->tp_dealloc;
     for (;;) {
         PyTypeObject *tp = Py_TYPE(op);
-        PyObject *origin = NULL;
-        if (Py_SIZE(op) > 2) {
-            origin = PyTuple_GET_ITEM(op, 2);
-            PyTuple_SET_ITEM(op, 2, NULL); /* tuple_dealloc skips NULL items */
+        if (UNLIKELY(tp->tp_dealloc != ms_snap_dealloc)) { /* a subclass instance */
+            tuple_dealloc(op);
+            ms_decref((PyObject *)tp);
+            return;
         }
-        tuple_dealloc(op); /* untracks, releases the items, calls tp->tp_free */
+        if (UNLIKELY(tp->tp_finalize != NULL)) { /* a __del__ added after adoption */
+            if (API.PyObject_CallFinalizerFromDealloc(op) < 0) {
+                return; /* resurrected */
+            }
+        }
+        PyGC_Head *gc = (PyGC_Head *)((char *)op - sizeof(PyGC_Head));
+        /* (a finalizer run above may have set _gc_prev's FINALIZED bit) */
+        int marked = gc->_gc_next == 0 && (gc->_gc_prev & ~(uintptr_t)3) == MS_SNAP_MARK;
+        API.PyObject_GC_UnTrack(op);
+        PyObject *origin = NULL;
+        for (Py_ssize_t i = Py_SIZE(op); --i >= 0;) {
+            PyObject *item = PyTuple_GET_ITEM(op, i);
+            PyTuple_SET_ITEM(op, i, NULL);
+            if (i == 2) {
+                origin = item;
+            }
+            else if (item != NULL) {
+                ms_decref(item);
+            }
+        }
+        if (marked) {
+            API.PyObject_Free(gc);
+        }
+        else {
+            tp->tp_free(op);
+        }
         ms_decref((PyObject *)tp);
         if (origin == NULL) {
             return;
@@ -911,6 +942,13 @@ static void ms_snap_dealloc(PyObject *op)
         if (Py_TYPE(origin)->tp_dealloc == ms_snap_dealloc && !_Py_IsImmortal(origin) &&
             origin->ob_refcnt == 1) {
             origin->ob_refcnt = 0; /* the reference this snapshot held was the last */
+#if PY_VERSION_HEX >= 0x030D0000
+            void *data = NULL; /* _Py_Dealloc's work, skipped by the loop: tell a tracer */
+            PyRefTracer tracer = API.PyRefTracer_GetTracer(&data);
+            if (tracer != NULL) {
+                tracer(origin, PyRefTracer_DESTROY, data);
+            }
+#endif
             op = origin;
             continue;
         }
@@ -930,6 +968,7 @@ static PyObject *ms_snap_alloc(PyTypeObject *cls)
     for (size_t i = 0; i < (sizeof(PyGC_Head) + MS_SNAP_SIZE) / sizeof(uintptr_t); i++) {
         mem[i] = 0; /* _gc_next = 0: not tracked; items NULL */
     }
+    ((PyGC_Head *)mem)->_gc_prev = MS_SNAP_MARK;
     PyObject *op = (PyObject *)((char *)mem + sizeof(PyGC_Head));
     API.PyObject_InitVar((PyVarObject *)op, cls, MS_SNAP_ITEMS); /* type ref, refcount 1 */
     return op;
@@ -992,12 +1031,12 @@ PyObject *ms_snapshot_setup(PyObject *self, PyObject *const *args, Py_ssize_t na
     st->snap_untrack = st->untrack_nodes && cls->tp_basicsize == tup->tp_basicsize &&
                        cls->tp_itemsize == tup->tp_itemsize && cls->tp_dictoffset == 0 &&
                        cls->tp_weaklistoffset == 0;
-    /* Adopt the class's deallocation (see ms_snap_free, ms_snap_dealloc): only an
-     * untrackable class whose memory starts with exactly a PyGC_Head, with no finalizer,
-     * still deallocated and freed as every class statement's are (subtype_dealloc: the
-     * tp_dealloc of `plain`, an instance of such a class; PyObject_GC_Del), or already
-     * adopted by this code. Kept for good: instances allocated here may outlive this
-     * state, and this code is never unmapped. */
+    /* Adopt the class's deallocation (see ms_snap_dealloc): only an untrackable class
+     * whose memory starts with exactly a PyGC_Head, with no finalizer, still deallocated
+     * and freed as every class statement's are (subtype_dealloc: the tp_dealloc of
+     * `plain`, an instance of such a class; PyObject_GC_Del), or already adopted by this
+     * code. Kept for good: instances allocated here may outlive this state, and this
+     * code is never unmapped. */
     destructor plain = Py_TYPE(args[3])->tp_dealloc;
     if (st->snap_untrack && (cls->tp_flags & Py_TPFLAGS_HAVE_GC) &&
         !(cls->tp_flags & (Py_TPFLAGS_PREHEADER | MS_TPFLAGS_INLINE_VALUES)) &&
@@ -1006,11 +1045,10 @@ PyObject *ms_snapshot_setup(PyObject *self, PyObject *const *args, Py_ssize_t na
         cls->tp_del == NULL && (Py_TYPE(args[3])->tp_flags & Py_TPFLAGS_HEAPTYPE) &&
         plain != tup->tp_dealloc) {
         if (cls->tp_free == API.PyObject_GC_Del && cls->tp_dealloc == plain) {
-            cls->tp_free = ms_snap_free;
             cls->tp_dealloc = ms_snap_dealloc;
         }
     }
-    st->snap_raw = st->snap_untrack && cls->tp_free == ms_snap_free && cls->tp_dealloc == ms_snap_dealloc;
+    st->snap_raw = st->snap_untrack && cls->tp_free == API.PyObject_GC_Del && cls->tp_dealloc == ms_snap_dealloc;
     ms_xdecref(old_cls);
     ms_xdecref(old_var);
     ms_xdecref(old_slow);

@@ -173,9 +173,9 @@ def _verify_type_fields(lay: Dict[str, int], need: Callable[[bool, str], None]) 
     alloc = ctypes.cast(ctypes.pythonapi.PyType_GenericAlloc, ctypes.c_void_p).value
     need(word(Sub, "tp_alloc", ctypes.c_void_p) == alloc, "PyTypeObject.tp_alloc")
     need(lay["TPFLAGS_HAVE_GC"] == 1 << 14 and bool(tuple.__flags__ & lay["TPFLAGS_HAVE_GC"]), "Py_TPFLAGS_HAVE_GC")
-    # snapshot_setup adopts the Snapshot class's tp_free (ms_snap_free): it must find
-    # CPython's PyObject_GC_Del there, and a PyGC_Head of the compiled size before each
-    # instance (sys.getsizeof counts it).
+    # snapshot_setup adopts the Snapshot class's tp_dealloc (ms_snap_dealloc) only while
+    # its tp_free is CPython's PyObject_GC_Del, and frees natively allocated instances
+    # past a PyGC_Head of the compiled size (sys.getsizeof counts it).
     gc_del = ctypes.cast(ctypes.pythonapi.PyObject_GC_Del, ctypes.c_void_p).value
     need(word(Sub, "tp_free", ctypes.c_void_p) == gc_del, "PyTypeObject.tp_free")
     probe = Sub((1, 2))
@@ -197,7 +197,8 @@ def _verify_type_fields(lay: Dict[str, int], need: Callable[[bool, str], None]) 
          and sub_dealloc != word(tuple, "tp_dealloc", ctypes.c_void_p), "PyTypeObject.tp_dealloc")
     need(word(Sub, "tp_finalize", ctypes.c_void_p) is None and word(Final, "tp_finalize", ctypes.c_void_p) is not None,
          "PyTypeObject.tp_finalize")
-    need(word(Sub, "tp_del", ctypes.c_void_p) is None and word(Final, "tp_del", ctypes.c_void_p) is None,
+    # (tp_del: tp_version_tag and its padding before tp_finalize, in 3.12 and 3.13)
+    need(lay["tp_finalize"] - lay["tp_del"] == 16 and word(Sub, "tp_del", ctypes.c_void_p) is None,
          "PyTypeObject.tp_del")
 
 
