@@ -904,7 +904,10 @@ static void ms_snap_dealloc(PyObject *op)
     destructor tuple_dealloc = ((PyTypeObject *)API.tuple_type)->tp_dealloc;
     for (;;) {
         PyTypeObject *tp = Py_TYPE(op);
-        if (UNLIKELY(tp->tp_dealloc != ms_snap_dealloc)) { /* a subclass instance */
+        /* A subclass instance (one allocated here and reassigned to a subclass with
+         * __class__ is then uncounted by its PyObject_GC_Del without ever having been
+         * counted: the count, which stops at 0, is one lower; no memory hazard). */
+        if (UNLIKELY(tp->tp_dealloc != ms_snap_dealloc)) {
             tuple_dealloc(op);
             ms_decref((PyObject *)tp);
             return;
@@ -1066,7 +1069,8 @@ PyObject *ms_snapshot_setup(PyObject *self, PyObject *const *args, Py_ssize_t na
  * cls, or the chain due to be shortened (Snapshot._new makes the shortened copy). */
 static PyObject *ms_linked_meta(struct ms_state *st, PyTypeObject *cls, PyObject *origin)
 {
-    if (Py_TYPE(origin) != cls || Py_SIZE(origin) != 5 || st->shorten == NULL) {
+    if (Py_TYPE(origin) != cls || Py_SIZE(origin) != 5 || st->shorten == NULL ||
+        Py_SIZE(st->shorten) != 1) {
         goto none;
     }
     PyObject *m = PyTuple_GET_ITEM(origin, 4);

@@ -770,6 +770,29 @@ def test_native_origin_links_and_shortens_like_python(limit):
 
 
 @needs_native
+def test_native_origin_path_declines_a_broken_shorten_cell():
+    """The native code re-checks the private one-item list it reads the limit from."""
+    from monstack import _snapshot
+    from monstack._snapshot import CURRENT_ORIGIN
+
+    with tracking(True):
+        cap = monstack.snapshotter()
+        origin = cap()
+        saved = list(_snapshot._SHORTEN_CELL)
+        token = CURRENT_ORIGIN.set(origin)
+        try:
+            _snapshot._SHORTEN_CELL.clear()
+            s = cap()  # the Python path
+            _snapshot._SHORTEN_CELL[:] = saved
+            t = cap()  # native again
+        finally:
+            _snapshot._SHORTEN_CELL[:] = saved
+            CURRENT_ORIGIN.reset(token)
+        assert s.origin is origin and gc.is_tracked(s)
+        assert t.origin is origin and not gc.is_tracked(t)
+
+
+@needs_native
 def test_native_snapshot_in_a_started_thread():
     """A thread started after install runs with an origin: its snapshots take the native
     path (they used to fall back to Python: ~10x slower) and carry the starter's origin."""
@@ -964,6 +987,20 @@ def test_native_snapshots_do_not_count_as_gc_allocations():
             if was:
                 gc.enable()
         assert abs(python_grew) < 50, python_grew
+        # and freeing native ones does not uncount what other objects counted (else the
+        # cyclic garbage of a program taking many snapshots would never be collected)
+        gc.disable()
+        try:
+            natives = user(500)
+            before = gc.get_count()[0]
+            counted = [[] for _ in range(300)]
+            del natives
+            after = gc.get_count()[0]
+        finally:
+            if was:
+                gc.enable()
+        assert after - before >= 150, (before, after)  # 301 counted; 1000 uncounted would zero it
+        del counted
         token = CURRENT_ORIGIN.set(cap())
         try:
             linked = [cap() for _ in range(100)]
