@@ -33,6 +33,7 @@
 #include <Python.h>
 #include <internal/pycore_frame.h>
 #include <internal/pycore_gc.h>
+#include <opcode.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -183,6 +184,15 @@ const uint64_t ms_layout[] = {
     offsetof(PyTypeObject, tp_dealloc),
     offsetof(PyTypeObject, tp_finalize),
     offsetof(PyTypeObject, tp_del),
+    YIELD_VALUE,
+    INSTRUMENTED_YIELD_VALUE,
+    RESUME,
+    INSTRUMENTED_RESUME,
+#if PY_VERSION_HEX >= 0x030D0000
+    RESUME_CHECK,
+#else
+    0,
+#endif
 };
 __attribute__((used))
 const char ms_layout_names[] =
@@ -191,7 +201,8 @@ const char ms_layout_names[] =
     "co_firsttraceable\0co_code_adaptive\0tuple_ob_item\0list_ob_item\0"
     "var_ob_size\0sizeof_PyMethodDef\0ml_meth\0ml_flags\0co_extra\0ma_version_tag\0"
     "tp_basicsize\0tp_itemsize\0tp_flags\0tp_base\0tp_dictoffset\0tp_weaklistoffset\0"
-    "tp_alloc\0TPFLAGS_HAVE_GC\0tp_free\0sizeof_PyGC_Head\0tp_dealloc\0tp_finalize\0tp_del\0";
+    "tp_alloc\0TPFLAGS_HAVE_GC\0tp_free\0sizeof_PyGC_Head\0tp_dealloc\0tp_finalize\0tp_del\0"
+    "op_YIELD_VALUE\0op_INSTRUMENTED_YIELD_VALUE\0op_RESUME\0op_INSTRUMENTED_RESUME\0op_RESUME_CHECK\0";
 
 /* ---------------------------------------------------------------- refcounts */
 /* Py_INCREF is inline with no external reference; Py_DECREF would name _Py_Dealloc. */
@@ -270,7 +281,7 @@ struct ms_state {
     PyObject *c_ldict;    /* strong */
     PyObject *c_cell;     /* strong */
     /* counters (read by tests through ms_counters) */
-    int64_t n_push_known, n_push_unknown, n_pop, n_seed, n_resync, n_decide, n_errors, n_cache_miss;
+    int64_t n_push_known, n_push_unknown, n_pop, n_seed, n_resync, n_decide, n_errors, n_cache_miss, n_linked;
     int64_t n_events;
 };
 
@@ -404,6 +415,33 @@ static inline long ms_frame_lasti(_PyInterpreterFrame *f, PyCodeObject *code)
     }
     return lasti * (long)sizeof(_Py_CODEUNIT);
 }
+
+/* A generator frame suspended at its delegation point (`yield from`/`await`) while
+ * frames above it run: gen.throw() linked it in without resuming it (_gen_throw), and
+ * unlinks it again without any event. 3.12: at the YIELD_VALUE it suspended at; 3.13:
+ * at the RESUME after it, oparg 2 (after yield from) or 3 (after await). A running
+ * frame sits elsewhere (SEND, a call). Behind INSTRUMENTED_LINE/INSTRUCTION (another
+ * tool's line events) the opcode is not visible here: not linked, as far as we know. */
+static inline int ms_linked_suspended(_PyInterpreterFrame *f)
+{
+    PyCodeObject *code;
+    if (f->owner != FRAME_OWNED_BY_GENERATOR || (code = ms_frame_code(f)) == NULL) {
+        return 0;
+    }
+    _Py_CODEUNIT *first = (_Py_CODEUNIT *)code->co_code_adaptive;
+    _Py_CODEUNIT *at = ms_frame_instr(f);
+    if (at < first || at >= first + Py_SIZE(code)) {
+        return 0;
+    }
+    int op = at->op.code;
+#if PY_VERSION_HEX >= 0x030D0000
+    return (op == RESUME || op == RESUME_CHECK || op == INSTRUMENTED_RESUME) && (at->op.arg & 3) >= 2;
+#else
+    return op == YIELD_VALUE || op == INSTRUMENTED_YIELD_VALUE;
+#endif
+}
+
+#define MS_CO_SUSPENDABLE (CO_GENERATOR | CO_COROUTINE | CO_ITERABLE_COROUTINE | CO_ASYNC_GENERATOR)
 
 /* ---------------------------------------------------------------- errors */
 /* An internal error is pending: hand it to on_error, never let it escape. */
@@ -723,8 +761,31 @@ __attribute__((always_inline)) static inline PyObject *ms_enter(PyObject *self, 
     return NONE;
 }
 
-/* PY_RETURN, PY_YIELD (disable = 1) and PY_UNWIND (disable = 0). */
-__attribute__((always_inline)) static inline PyObject *ms_leave(PyObject *self, PyObject *const *args, Py_ssize_t nargs, int disable)
+/* After a tracked generator yielded and was popped (the new top runs generator code):
+ * pop the nodes of the generators gen.throw() had linked in above it (see
+ * ms_linked_suspended). They will not run -- the throw returns the value just yielded
+ * to its caller -- and leave without any event. */
+static void ms_drop_linked(struct ms_state *st, PyThreadState *ts, PyObject *cell)
+{
+    _PyInterpreterFrame *f = ms_current_frame(ts); /* the frame that yielded */
+    for (int hops = 0; f != NULL && hops < 256; hops++) {
+        f = f->previous;
+        /* (a generator resumed from C, as _gen_throw resumes the one that catches,
+         * runs above a C-stack entry frame: skipped, as frame.f_back skips it) */
+        while (f != NULL && f->owner == FRAME_OWNED_BY_CSTACK) {
+            f = f->previous;
+        }
+        if (f == NULL || !ms_linked_suspended(f)) {
+            return;
+        }
+        if (ms_pop(st, cell, (PyObject *)ms_frame_code(f))) {
+            st->n_linked++;
+        }
+    }
+}
+
+/* PY_RETURN, PY_YIELD (disable = 1; is_yield) and PY_UNWIND (disable = 0). */
+__attribute__((always_inline)) static inline PyObject *ms_leave(PyObject *self, PyObject *const *args, Py_ssize_t nargs, int disable, int is_yield)
 {
     struct ms_state *st = ms_state_of(self);
     if (UNLIKELY(st == NULL)) {
@@ -742,6 +803,13 @@ __attribute__((always_inline)) static inline PyObject *ms_leave(PyObject *self, 
     PyObject *cell = ms_cell(st, ts, &is_none);
     if (LIKELY(cell != NULL)) {
         if (LIKELY(ms_pop(st, cell, code))) {
+            if (is_yield) {
+                PyObject *below = ((PyListObject *)cell)->ob_item[0];
+                if (below != NONE && IS_TYPE(below, tuple_type) && Py_SIZE(below) == 3 &&
+                    (((PyCodeObject *)PyTuple_GET_ITEM(below, 0))->co_flags & MS_CO_SUSPENDABLE)) {
+                    ms_drop_linked(st, ts, cell);
+                }
+            }
             Py_INCREF(NONE);
             return NONE;
         }
@@ -795,13 +863,19 @@ PyObject *ms_on_throw(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 __attribute__((used, noinline))
 PyObject *ms_on_return(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    MS_HOLD_SELF(ms_leave(self, args, nargs, 1));
+    MS_HOLD_SELF(ms_leave(self, args, nargs, 1, 0));
+}
+
+__attribute__((used, noinline))
+PyObject *ms_on_yield(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    MS_HOLD_SELF(ms_leave(self, args, nargs, 1, 1));
 }
 
 __attribute__((used, noinline))
 PyObject *ms_on_unwind(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    MS_HOLD_SELF(ms_leave(self, args, nargs, 0));
+    MS_HOLD_SELF(ms_leave(self, args, nargs, 0, 0));
 }
 
 /* snapshot_fast() -> (top, lasti) or None. The O(1) case of a snapshot, natively:
@@ -1342,13 +1416,14 @@ PyObject *ms_counters(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         API.PyErr_SetString((PyObject *)API.exc_type, "counters(): not a live state");
         return NULL;
     }
-    int64_t vals[9] = {st->n_push_known, st->n_push_unknown, st->n_pop, st->n_seed,
-                       st->n_resync, st->n_decide, st->n_errors, st->n_cache_miss, st->n_events};
-    PyObject *out = API.PyTuple_New(9);
+    int64_t vals[10] = {st->n_push_known, st->n_push_unknown, st->n_pop, st->n_seed,
+                        st->n_resync, st->n_decide, st->n_errors, st->n_cache_miss, st->n_events,
+                        st->n_linked};
+    PyObject *out = API.PyTuple_New(10);
     if (out == NULL) {
         return NULL;
     }
-    for (int i = 0; i < 9; i++) {
+    for (int i = 0; i < 10; i++) {
         PyObject *v = API.PyLong_FromLong((long)vals[i]);
         if (v == NULL) {
             ms_decref(out);

@@ -34,7 +34,8 @@ from . import _native, _stack
 
 MAGIC = 0x6D6F6E73796D6F6E  # "monsymon", struct ms_api in sysmon_native.c
 STATE_NAME = b"monstack.sysmon_native.state"
-COUNTERS = ("push_known", "push_unknown", "pop", "seed", "resync", "decide", "errors", "cache_miss", "events")
+COUNTERS = ("push_known", "push_unknown", "pop", "seed", "resync", "decide", "errors", "cache_miss", "events",
+            "linked")
 
 _lock = threading.Lock()
 _result: Optional[Tuple[bool, str]] = None
@@ -147,6 +148,12 @@ def _verify_layout(blob: _native.Blob) -> None:
     need(ctypes.c_void_p.from_address(id(cap) + lay["sizeof_PyObject"]).value == ctypes.addressof(marker),
          "PyCapsule pointer field")
     del cap
+    # the opcodes ms_linked_suspended compares (RESUME_CHECK: 3.13's specialised RESUME)
+    import opcode
+
+    ops = dict(opcode.opmap, **getattr(opcode, "_specialized_opmap", {}))
+    for name in ("YIELD_VALUE", "INSTRUMENTED_YIELD_VALUE", "RESUME", "INSTRUMENTED_RESUME", "RESUME_CHECK"):
+        need(ops.get(name, 0) == lay["op_" + name], f"opcode {name}")
     _verify_type_fields(lay, need)
     _verify_code_extra(lay, need)
     _verify_dict_version(lay, need)
@@ -372,6 +379,7 @@ def callbacks(
             py_callbacks = _sysmon._callbacks
         on_throw = py_callbacks(policy, tls, on_error)[mon.events.PY_THROW]
     on_return = fn(blob, "ms_on_return", "monstack_on_return", self_obj=state)
+    on_yield = fn(blob, "ms_on_yield", "monstack_on_yield", self_obj=state)
     on_unwind = fn(blob, "ms_on_unwind", "monstack_on_unwind", self_obj=state)
     E = mon.events
     return {
@@ -379,7 +387,7 @@ def callbacks(
         E.PY_RESUME: on_start,
         E.PY_THROW: on_throw,
         E.PY_RETURN: on_return,
-        E.PY_YIELD: on_return,
+        E.PY_YIELD: on_yield,
         E.PY_UNWIND: on_unwind,
     }
 

@@ -14,7 +14,7 @@ PY_UNWIND cannot be disabled; those callbacks ignore filtered code.
 from __future__ import annotations
 
 import sys
-from types import CodeType
+from types import CodeType, FrameType
 from typing import Any, Callable, Optional
 
 from . import _env, _stack
@@ -46,6 +46,42 @@ def tool_holders() -> dict[int, str]:
 #: (inspect.CO_GENERATOR | CO_COROUTINE | CO_ITERABLE_COROUTINE | CO_ASYNC_GENERATOR, without
 #: importing inspect at start-up; tests check the values.)
 _SUSPENDABLE = 0x20 | 0x80 | 0x100 | 0x200
+
+# Where a generator frame linked in by gen.throw() sits while the frames it delegates to
+# run: its ``yield from``/``await`` suspension point. 3.12: the YIELD_VALUE it suspended
+# at; 3.13: the RESUME after it, with oparg 2 (after yield from) or 3 (after await). A
+# frame that is running sits elsewhere (SEND, a call...).
+# (The opcode numbers are looked up on first use: ``opcode`` costs ~1.5 ms to import.)
+_OPS: list = []
+
+
+def _linked_suspended(frame: FrameType) -> bool:
+    """``frame`` (a generator or coroutine frame) is suspended at its delegation point
+    though frames above it run: ``gen.throw()`` linked it in without resuming it."""
+    code = frame.f_code
+    at = frame.f_lasti
+    raw = code.co_code
+    if not (code.co_flags & _SUSPENDABLE) or not 0 <= at < len(raw) - 1:
+        return False
+    if not _OPS:
+        from opcode import opmap
+
+        _OPS[:] = [opmap["YIELD_VALUE"], opmap["RESUME"]]
+    if _env.PYVERSION < (3, 13):
+        return raw[at] == _OPS[0]
+    return raw[at] == _OPS[1] and (raw[at + 1] & 3) >= 2
+
+
+def _drop_linked(cell: list, frame: FrameType) -> None:
+    """After ``frame`` (a tracked generator) yielded and was popped: pop the nodes of the
+    generators ``gen.throw()`` had linked in above it. They will not run -- the throw
+    returns the value just yielded to its caller -- and leave without any event."""
+    f = frame.f_back
+    while f is not None and _linked_suspended(f):
+        top = cell[0]
+        if top is not None and top[0] is f.f_code:
+            cell[0] = top[1]
+        f = f.f_back
 
 
 def _callbacks(policy: Policy, tls, on_error: Callable[[BaseException], None]):
@@ -152,6 +188,28 @@ def _callbacks(policy: Policy, tls, on_error: Callable[[BaseException], None]):
             on_error(exc)
         return None
 
+    def on_yield(code: CodeType, offset: int, value: object):
+        # as on_return; and when the frame below is a generator's, it may be one that
+        # gen.throw() linked in (see _drop_linked)
+        try:
+            try:
+                cell = tls.cell
+            except AttributeError:
+                cell = None
+            if cell is not None:
+                top = cell[0]
+                if top is not None and top[0] is code:
+                    below = cell[0] = top[1]
+                    if below is not None and below[0].co_flags & _SUSPENDABLE:
+                        _drop_linked(cell, getframe(1))
+                    return None
+            if not (code.co_filename in tracked_set or decide(code)):
+                return DISABLE
+            resync()
+        except Exception as exc:
+            on_error(exc)
+        return None
+
     def on_unwind(code: CodeType, offset: int, exc: BaseException):
         try:
             try:
@@ -174,7 +232,7 @@ def _callbacks(policy: Policy, tls, on_error: Callable[[BaseException], None]):
         E.PY_RESUME: on_start,
         E.PY_THROW: on_throw,
         E.PY_RETURN: on_return,
-        E.PY_YIELD: on_return,
+        E.PY_YIELD: on_yield,
         E.PY_UNWIND: on_unwind,
     }
 
