@@ -167,6 +167,7 @@ def _callbacks(policy: Policy, tls, on_error: Callable[[BaseException], None]):
                 tls.cell = [top]
                 stats["seed"] += 1
             stats["throw"] += 1
+            thrown[0] = code
         except Exception as err:
             on_error(err)
 
@@ -188,9 +189,15 @@ def _callbacks(policy: Policy, tls, on_error: Callable[[BaseException], None]):
             on_error(exc)
         return None
 
+    # The code a throw last entered (PY_THROW): only its yield can be a delegate's
+    # answering gen.throw() while outer generators are linked in (see _drop_linked), so
+    # only that yield looks at the real frames -- a frame lookup on every yield cost
+    # generator-heavy code ~75% more instructions. (Shared by all threads: another
+    # thread's yield of the same code may consume it first; the check is harmless there.)
+    thrown: list = [None]
+
     def on_yield(code: CodeType, offset: int, value: object):
-        # as on_return; and when the frame below is a generator's, it may be one that
-        # gen.throw() linked in (see _drop_linked)
+        # as on_return, plus _drop_linked for the yield answering a throw
         try:
             try:
                 cell = tls.cell
@@ -200,8 +207,10 @@ def _callbacks(policy: Policy, tls, on_error: Callable[[BaseException], None]):
                 top = cell[0]
                 if top is not None and top[0] is code:
                     below = cell[0] = top[1]
-                    if below is not None and below[0].co_flags & _SUSPENDABLE:
-                        _drop_linked(cell, getframe(1))
+                    if thrown[0] is code:
+                        thrown[0] = None
+                        if below is not None and below[0].co_flags & _SUSPENDABLE:
+                            _drop_linked(cell, getframe(1))
                     return None
             if not (code.co_filename in tracked_set or decide(code)):
                 return DISABLE
