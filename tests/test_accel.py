@@ -1132,7 +1132,9 @@ def test_long_origin_chains_are_freed_without_recursion():
     assert out.stdout.split() == ["299999", "<module>", "freed"]
 
 
-def test_gc_head_size_mismatch_is_refused(monkeypatch):
+@pytest.mark.parametrize("key, message", [("sizeof_PyGC_Head", "PyGC_Head"), ("op_YIELD_VALUE", "YIELD_VALUE"),
+                                          ("op_RESUME", "RESUME"), ("tp_del", "tp_del")])
+def test_gc_head_opcode_and_slot_mismatches_are_refused(monkeypatch, key, message):
     if not OK:
         pytest.skip(f"native callbacks unavailable: {WHY}")
     blob = _accel._blob
@@ -1140,11 +1142,11 @@ def test_gc_head_size_mismatch_is_refused(monkeypatch):
 
     def wrong(b):
         lay = dict(real(b))
-        lay["sizeof_PyGC_Head"] += 8
+        lay[key] += 8
         return lay
 
     monkeypatch.setattr(_accel, "_layout", wrong)
-    with pytest.raises(_native.NativeUnavailable, match="PyGC_Head"):
+    with pytest.raises(_native.NativeUnavailable, match=message):
         _accel._verify_layout(blob)
 
 
