@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import _thread
 from types import CodeType, FrameType
-from typing import TYPE_CHECKING, Optional, Tuple
+from typing import TYPE_CHECKING, Callable, Optional, Tuple
 
 if TYPE_CHECKING:
     from ._policy import Policy
@@ -91,25 +91,39 @@ def first_tracked(frame: Optional[FrameType], policy: "Policy") -> Optional[Fram
     return frame
 
 
-def build(frame: Optional[FrameType], policy: "Policy") -> Tuple[Optional[Node], int]:
+def build(
+    frame: Optional[FrameType],
+    policy: "Policy",
+    unverified: Optional[Callable[[FrameType], bool]] = None,
+) -> Tuple[Optional[Node], int]:
     """Nodes for the tracked frames from ``frame`` outwards, built from the real frames.
 
     Returns ``(top, lasti)``: the node of the first tracked frame (or None) and that
     frame's current offset. O(depth): used by the ``walk`` backend and to (re)seed.
+
+    ``unverified(f)`` true for a frame past ``frame``: that frame's node and every node
+    above it get UNKNOWN call sites although the sites are known, so that the next
+    ``capture`` through them checks them against the real frames again (a frame that may
+    leave without an event: see ``_sysmon.on_throw``). The whole top segment, because
+    ``_fill`` trusts everything below the first known call site.
     """
     by_file = policy.tracked_files()
     codes: list = []
     lastis: list = []
+    doubtful = -1  # nodes 0..doubtful (from the top) are left unverified
     f = frame
     while f is not None:
         if _tracked(f, policy, by_file):
+            if unverified is not None and f is not frame and unverified(f):
+                doubtful = len(codes)
             codes.append(f.f_code)
             lastis.append(f.f_lasti)
         f = f.f_back
     node: Optional[Node] = None
     n = len(codes)
     for i in range(n - 1, -1, -1):
-        node = (codes[i], node, lastis[i + 1] if i + 1 < n else 0)
+        site = UNKNOWN if i <= doubtful else lastis[i + 1] if i + 1 < n else 0
+        node = (codes[i], node, site)
     return node, (lastis[0] if n else UNKNOWN)
 
 

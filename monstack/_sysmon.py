@@ -160,7 +160,11 @@ def _callbacks(policy: Policy, tls, on_error: Callable[[BaseException], None]):
                     f = f.f_back
                 if f is None or not (f.f_code.co_flags & _SUSPENDABLE):
                     return
-            top = build(frame, policy)[0]
+            # The generators the throw linked in (suspended at their delegation point)
+            # get unverified nodes: if the delegate catches and yields, they leave with no
+            # event -- for a library delegate not even a PY_YIELD that _drop_linked could
+            # answer -- and the next capture through them must check them again.
+            top = build(frame, policy, _linked_suspended)[0]
             try:
                 tls.cell[0] = top
             except AttributeError:
