@@ -21,6 +21,11 @@
   under spawn/forkserver), so the traceback the child prints when the target fails
   carries a "Work created at" note. Processes that override ``run()`` instead of taking
   a ``target``, and the worker processes of pools and managers, are left alone.
+- ``"mp_pool"``: ``multiprocessing.pool.Pool``'s ``apply_async``, ``_map_async`` and
+  ``imap``/``imap_unordered`` (so ``apply``, ``map``, ``starmap`` and their ``_async``
+  forms, for process pools and ``ThreadPool``). Each job runs with the calling line as
+  its origin; the exception ``get()`` raises carries it (pickled back with the
+  exception, and attached again in the parent by an error callback if pickling lost it).
 
 Each replacement checks whether its point is still on and otherwise calls straight
 through, so a patch that somebody else wrapped after us is harmless after ``stop()``;
@@ -47,6 +52,7 @@ PROPAGATION_POINTS: tuple[str, ...] = (
     "asyncio_tasks",
     "asyncio_executor",
     "process",
+    "mp_pool",
 )
 
 #: Points switched on now (read by the replacements on every call).
@@ -170,12 +176,17 @@ def _apply_threading() -> None:
 def _bind_thread(thread: threading.Thread) -> Optional[tuple]:
     """Give ``thread`` an instance-level ``run`` that runs the real one with an origin.
 
-    Not for a ThreadPoolExecutor's own workers: they run many jobs, each with its own
-    origin, and whichever submit() happened to start one is no origin of the others.
+    Not for the threads of pools (a ThreadPoolExecutor's workers, a multiprocessing
+    ThreadPool's workers and the handler threads of its pools): they run many jobs, each
+    with its own origin, and whichever call happened to start one is no origin of the
+    others.
     """
     try:
+        target = getattr(thread, "_target", None)
         pool_mod = sys.modules.get("concurrent.futures.thread")
-        if pool_mod is not None and getattr(thread, "_target", None) is getattr(pool_mod, "_worker", None):
+        if pool_mod is not None and target is getattr(pool_mod, "_worker", None):
+            return None
+        if target is not None and str(getattr(target, "__module__", "") or "").startswith(_INTERNAL_TARGET_MODULES):
             return None
         snap = _take()
         if snap is None:
@@ -333,6 +344,72 @@ def _wrap_process_target(process: Any) -> Optional[Any]:
         return None
 
 
+# -- multiprocessing.pool ---------------------------------------------------------------------
+
+
+def _apply_mp_pool() -> None:
+    import multiprocessing.pool as mp_pool
+
+    Pool = mp_pool.Pool
+
+    def with_error_callback(snap: Any, user: Optional[Callable[[Any], Any]]) -> Callable[[Any], Any]:
+        # Runs in the pool's result thread before get() is woken: attach the origin if
+        # the exception lost it when pickled back (the child normally attached it).
+        def error_callback(exc: Any) -> Any:
+            try:
+                if isinstance(exc, Exception):
+                    _attach_if_absent(exc, snap)
+            except Exception:
+                pass
+            if user is not None:
+                return user(exc)
+            return None
+
+        return error_callback
+
+    def make_apply_async(original: Callable[..., Any]) -> Callable[..., Any]:
+        def apply_async(self: Any, func: Any, args: Any = (), kwds: Any = {},  # noqa: B006 (the original's default)
+                        callback: Any = None, error_callback: Any = None) -> Any:
+            if "mp_pool" not in _ON or type(func) is _WithOrigin:
+                return original(self, func, args, kwds, callback, error_callback)
+            snap = _take()
+            if snap is None:
+                return original(self, func, args, kwds, callback, error_callback)
+            return original(self, _WithOrigin(func, snap), args, kwds, callback,
+                            with_error_callback(snap, error_callback))
+
+        return apply_async
+
+    def make_map_async(original: Callable[..., Any]) -> Callable[..., Any]:
+        def _map_async(self: Any, func: Any, iterable: Any, mapper: Any, chunksize: Any = None,
+                       callback: Any = None, error_callback: Any = None) -> Any:
+            if "mp_pool" not in _ON or type(func) is _WithOrigin:
+                return original(self, func, iterable, mapper, chunksize, callback, error_callback)
+            snap = _take()
+            if snap is None:
+                return original(self, func, iterable, mapper, chunksize, callback, error_callback)
+            return original(self, _WithOrigin(func, snap), iterable, mapper, chunksize, callback,
+                            with_error_callback(snap, error_callback))
+
+        return _map_async
+
+    def make_imap(original: Callable[..., Any]) -> Callable[..., Any]:
+        def imap(self: Any, func: Any, iterable: Any, chunksize: int = 1) -> Any:
+            if "mp_pool" not in _ON or type(func) is _WithOrigin:
+                return original(self, func, iterable, chunksize)
+            snap = _take()
+            if snap is None:
+                return original(self, func, iterable, chunksize)
+            return original(self, _WithOrigin(func, snap), iterable, chunksize)
+
+        return imap
+
+    _patch(Pool, "apply_async", make_apply_async)
+    _patch(Pool, "_map_async", make_map_async)
+    _patch(Pool, "imap", make_imap)
+    _patch(Pool, "imap_unordered", make_imap)
+
+
 # -- asyncio -------------------------------------------------------------------------------------
 
 
@@ -436,6 +513,7 @@ _APPLY: dict[str, Callable[[], None]] = {
     "asyncio_tasks": _apply_asyncio_tasks,
     "asyncio_executor": _apply_asyncio_executor,
     "process": _apply_process,
+    "mp_pool": _apply_mp_pool,
 }
 
 
@@ -449,6 +527,7 @@ _TRIGGERS: dict[str, str] = {
     "asyncio_tasks": "asyncio",
     "asyncio_executor": "asyncio",
     "process": "multiprocessing.process",
+    "mp_pool": "multiprocessing.pool",
 }
 #: Trigger module -> points waiting for it to be imported.
 _PENDING: dict[str, list[str]] = {}

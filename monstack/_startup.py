@@ -183,7 +183,7 @@ SETTINGS: tuple[Setting, ...] = (
         "1/true/yes/on/all, 0/false/no/off/none, or a comma-separated list of propagation points",
         "all",
         "Which propagation points install() patches (threading, thread_pool, process_pool, "
-        "asyncio_tasks, asyncio_executor, process).",
+        "asyncio_tasks, asyncio_executor, process, mp_pool).",
         "--propagate",
     ),
     Setting(

@@ -399,6 +399,78 @@ def test_process_pool_parent_attaches_when_pickling_drops_it(installed, process_
     assert_created_at(origin_of(exc), "proc-json")
 
 
+# -- multiprocessing.pool ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def mp_process_pool():
+    # spawn: fork() from a multi-threaded pytest warns (an error here) on 3.12+.
+    pool = multiprocessing.get_context("spawn").Pool(1)
+    try:
+        yield pool
+    finally:
+        pool.terminate()
+        pool.join()
+
+
+def test_mp_pool_apply_async_in_a_child_process(installed, mp_process_pool):
+    result = mp_process_pool.apply_async(operator.truediv, (1, 0))  # @mpp-apply
+    with pytest.raises(ZeroDivisionError) as info:
+        result.get(60)
+    exc = info.value
+    assert_created_at(origin_of(exc), "mpp-apply")
+    # attached in the child before the exception was pickled back: the note came along
+    assert any(n.startswith("Work created at") for n in exc.__notes__)
+    assert "monstack" not in "".join(traceback.format_tb(exc.__traceback__))
+
+
+def test_mp_pool_map_starmap_imap_in_a_child_process(installed, mp_process_pool):
+    with pytest.raises(ZeroDivisionError) as info:
+        mp_process_pool.map(functools.partial(operator.truediv, 1), [1, 0], chunksize=1)  # @mpp-map
+    assert_created_at(origin_of(info.value), "mpp-map")
+    with pytest.raises(ZeroDivisionError) as info:
+        mp_process_pool.starmap(operator.truediv, [(1, 1), (1, 0)])  # @mpp-starmap
+    assert_created_at(origin_of(info.value), "mpp-starmap")
+    with pytest.raises(ZeroDivisionError) as info:
+        list(mp_process_pool.imap(functools.partial(operator.truediv, 1), [1, 0]))  # @mpp-imap
+    assert_created_at(origin_of(info.value), "mpp-imap")
+    # results are untouched
+    assert mp_process_pool.map(abs, [-1, -2]) == [1, 2]
+    assert sorted(mp_process_pool.imap_unordered(abs, [-3, -4], chunksize=2)) == [3, 4]
+
+
+def test_mp_pool_parent_attaches_when_pickling_drops_it(installed, mp_process_pool):
+    # json.JSONDecodeError rebuilds from (msg, doc, pos): the child's note is lost on the
+    # way back; the error callback monstack adds attaches it in the parent, before get()
+    # is woken, and the user's own error callback still runs.
+    seen: list = []
+    result = mp_process_pool.apply_async(json.loads, ("{",), error_callback=seen.append)  # @mpp-json
+    with pytest.raises(json.JSONDecodeError) as info:
+        result.get(60)
+    assert_created_at(origin_of(info.value), "mpp-json")
+    assert seen == [info.value]
+
+
+def test_mp_thread_pool_jobs(installed):
+    from multiprocessing.pool import ThreadPool
+
+    with ThreadPool(2) as pool:
+        result = pool.apply_async(fail)  # @tp-apply
+        with pytest.raises(Boom) as info:
+            result.get(60)
+        assert_created_at(origin_of(info.value), "tp-apply")
+        with pytest.raises(Boom) as info:
+            pool.map(fail, [1, 2])  # @tp-map
+        assert_created_at(origin_of(info.value), "tp-map")
+        # the job itself sees the origin, and snapshots inside it link to it
+        origin = pool.apply(current_origin)  # @tp-current
+        assert_created_at(origin, "tp-current")
+        inner = pool.apply(monstack.snapshot)
+        assert inner.origin is not None
+        monstack.uninstall()
+        assert pool.apply(current_origin) is None
+
+
 # -- asyncio ----------------------------------------------------------------------------------------
 
 
@@ -639,6 +711,7 @@ def test_endless_resubmission_chain_is_capped():
 def _targets() -> dict[str, list[tuple[Any, str]]]:
     import asyncio.base_events
     import asyncio.threads
+    import multiprocessing.pool
     import multiprocessing.process
 
     return {
@@ -652,6 +725,12 @@ def _targets() -> dict[str, list[tuple[Any, str]]]:
             (asyncio, "to_thread"),
         ],
         "process": [(multiprocessing.process.BaseProcess, "start")],
+        "mp_pool": [
+            (multiprocessing.pool.Pool, "apply_async"),
+            (multiprocessing.pool.Pool, "_map_async"),
+            (multiprocessing.pool.Pool, "imap"),
+            (multiprocessing.pool.Pool, "imap_unordered"),
+        ],
     }
 
 
@@ -776,6 +855,10 @@ def test_install_does_not_import_asyncio_or_process_pools_but_patches_them_on_im
         from monstack import _propagate
         names = sorted(a for _o, a, _x in _propagate.patched())
         assert names.count("submit") == 2 and "create_task" in names and "to_thread" in names, names
+        assert "multiprocessing.pool" not in sys.modules
+        import multiprocessing.pool
+        names = sorted(a for _o, a, _x in _propagate.patched())
+        assert "apply_async" in names and "imap_unordered" in names, names
         assert asyncio.__spec__.loader.__class__.__name__ == "SourceFileLoader"
         async def boom():
             raise ValueError(1)
