@@ -44,11 +44,12 @@ class _WithOrigin:
     Picklable when ``fn`` is (process pools): the snapshot travels as plain records.
     """
 
-    __slots__ = ("__wrapped__", "_snap")
+    __slots__ = ("__wrapped__", "_snap", "_sent")
 
     def __init__(self, fn: Callable[..., Any], snap: Snapshot) -> None:
         self.__wrapped__ = fn
         self._snap = snap
+        self._sent: Optional[bytes] = None
 
     def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
         snap = self._snap
@@ -83,7 +84,37 @@ class _WithOrigin:
         return f"<monstack.wrap of {inner}>"
 
     def __reduce__(self) -> tuple:
-        return (_WithOrigin, (self.__wrapped__, self._snap))
+        # One wrapper is pickled once per task of a pool's map/imap (chunksize 1: once
+        # per item). Pickling a 20-frame snapshot and unpickling it cost ~20 us each, so
+        # the snapshot is pickled once, travels as bytes, and the receiving process
+        # unpickles each distinct one once (_received).
+        sent = self._sent
+        if sent is None:
+            import pickle
+
+            sent = self._sent = pickle.dumps(self._snap)
+        return (_received, (self.__wrapped__, sent))
+
+
+#: Snapshots unpickled from _WithOrigin pickles, by their bytes: a pool's worker gets
+#: the same one with every task of a map (bounded: cleared when full).
+_RECEIVED: dict = {}
+_RECEIVED_MAX = 64
+
+
+def _received(fn: Callable[..., Any], data: bytes) -> "_WithOrigin":
+    """Unpickle a _WithOrigin: its snapshot travels pickled, once per distinct one."""
+    snap = _RECEIVED.get(data)
+    if snap is None:
+        import pickle
+
+        snap = pickle.loads(data)
+        if not isinstance(snap, Snapshot):
+            raise TypeError(f"monstack: a pickled origin must be a Snapshot, got {type(snap).__name__}")
+        if len(_RECEIVED) >= _RECEIVED_MAX:
+            _RECEIVED.clear()
+        _RECEIVED[data] = snap
+    return _WithOrigin(fn, snap)
 
 
 def wrap(fn: Callable[..., _T]) -> Callable[..., _T]:

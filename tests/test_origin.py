@@ -124,6 +124,31 @@ def test_wrap_keeps_the_name_and_pickles():
     assert p._snap.records() == original._snap.records()
 
 
+def test_wrapped_origin_is_pickled_once_and_unpickled_once(monkeypatch):
+    """A pool's map pickles one wrapper per task: its snapshot is pickled once (bytes),
+    and the receiving side unpickles each distinct one once (bounded cache)."""
+    from monstack import _origin
+
+    calls = []
+    real = monstack.Snapshot.__reduce__
+    monkeypatch.setattr(monstack.Snapshot, "__reduce__", lambda self: calls.append(1) or real(self))
+    monkeypatch.setattr(_origin, "_RECEIVED", {})
+    w = wrap(operator.add)
+    backs = [pickle.loads(pickle.dumps(w)) for _ in range(5)]
+    assert len(calls) == 1
+    assert all(b(2, 3) == 5 for b in backs)
+    assert all(b._snap is backs[0]._snap for b in backs)
+    assert backs[0]._snap.records() == w._snap.records()
+    def at(depth):
+        return at(depth - 1) if depth else wrap(operator.add)
+
+    for depth in range(_origin._RECEIVED_MAX + 5):  # distinct snapshots: the cache stays bounded
+        pickle.loads(pickle.dumps(at(depth)))
+        assert 0 < len(_origin._RECEIVED) <= _origin._RECEIVED_MAX
+    with pytest.raises(TypeError, match="must be a Snapshot"):
+        _origin._received(operator.add, pickle.dumps(42))
+
+
 def test_wrap_inside_work_chains(mode):
     def inner():
         return monstack.snapshot()
