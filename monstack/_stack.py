@@ -37,6 +37,12 @@ if TYPE_CHECKING:
 #: ``parent_lasti`` of a node whose call site has not been looked up yet.
 UNKNOWN = -1
 
+#: Code flags of frames that can be suspended and later resumed by a throw (generators,
+#: coroutines, async generators, @types.coroutine generators).
+#: (inspect.CO_GENERATOR | CO_COROUTINE | CO_ITERABLE_COROUTINE | CO_ASYNC_GENERATOR, without
+#: importing inspect at start-up; tests check the values.)
+SUSPENDABLE = 0x20 | 0x80 | 0x100 | 0x200
+
 Node = Tuple[CodeType, Optional["Node"], int]  # type: ignore[misc]
 
 #: Per-thread state shared by all tracking backends (see module docstring).
@@ -101,7 +107,9 @@ def build(
     Returns ``(top, lasti)``: the node of the first tracked frame (or None) and that
     frame's current offset. O(depth): used by the ``walk`` backend and to (re)seed.
 
-    ``unverified(f)`` true for a frame past ``frame``: that frame's node and every node
+    ``unverified(f)`` (asked about generator and coroutine frames only: it runs at
+    every throw, and a Python call per frame cost deep stacks ~50% more) true for a
+    frame past ``frame``: that frame's node and every node
     above it get UNKNOWN call sites although the sites are known, so that the next
     ``capture`` through them checks them against the real frames again (a frame that may
     leave without an event: see ``_sysmon.on_throw``). The whole top segment, because
@@ -112,11 +120,16 @@ def build(
     lastis: list = []
     doubtful = -1  # nodes 0..doubtful (from the top) are left unverified
     f = frame
+    is_tracked = policy.is_tracked
     while f is not None:
-        if _tracked(f, policy, by_file):
-            if unverified is not None and f is not frame and unverified(f):
+        code = f.f_code  # (_tracked, inlined: this loop runs at every throw)
+        decision = by_file.get(code.co_filename)
+        if decision is None:
+            decision = is_tracked(code, f.f_globals.get("__name__"))
+        if decision:
+            if unverified is not None and code.co_flags & SUSPENDABLE and f is not frame and unverified(f):
                 doubtful = len(codes)
-            codes.append(f.f_code)
+            codes.append(code)
             lastis.append(f.f_lasti)
         f = f.f_back
     node: Optional[Node] = None

@@ -41,11 +41,7 @@ def tool_holders() -> dict[int, str]:
     return out
 
 
-#: Code flags of frames that can be suspended and later resumed by a throw (generators,
-#: coroutines, async generators, @types.coroutine generators).
-#: (inspect.CO_GENERATOR | CO_COROUTINE | CO_ITERABLE_COROUTINE | CO_ASYNC_GENERATOR, without
-#: importing inspect at start-up; tests check the values.)
-_SUSPENDABLE = 0x20 | 0x80 | 0x100 | 0x200
+_SUSPENDABLE = _stack.SUSPENDABLE
 
 # Where a generator frame linked in by gen.throw() sits while the frames it delegates to
 # run: its ``yield from``/``await`` suspension point. 3.12: the YIELD_VALUE it suspended
