@@ -778,5 +778,37 @@ def test_suspendable_code_flags_are_inspects():
 
     from monstack import _sysmon
 
-    assert _sysmon._SUSPENDABLE == (inspect.CO_GENERATOR | inspect.CO_COROUTINE
-                                    | inspect.CO_ITERABLE_COROUTINE | inspect.CO_ASYNC_GENERATOR)
+    assert _stack.SUSPENDABLE == _sysmon._SUSPENDABLE == (
+        inspect.CO_GENERATOR | inspect.CO_COROUTINE
+        | inspect.CO_ITERABLE_COROUTINE | inspect.CO_ASYNC_GENERATOR)
+
+
+def test_build_asks_unverified_about_generator_frames_only_and_marks_from_there_up():
+    # The question costs a Python call per frame and build() runs at every throw: plain
+    # frames are never asked. A frame answered "yes" and every node above it get
+    # UNKNOWN call sites; the nodes below keep theirs.
+    from monstack._policy import Policy
+
+    asked = []
+
+    def unverified(f):
+        asked.append(f.f_code)
+        return f.f_code is outer.__code__
+
+    def top():
+        return _stack.build(sys._getframe(), Policy(), unverified)
+
+    def outer():
+        yield top()
+
+    def plain():
+        return next(outer())
+
+    node, lasti = plain()
+    assert asked == [outer.__code__]
+    names = []
+    while node is not None and node[0] is not test_build_asks_unverified_about_generator_frames_only_and_marks_from_there_up.__code__:
+        names.append((node[0].co_name, node[2] == _stack.UNKNOWN))
+        node = node[1]
+    assert names == [("top", True), ("outer", True), ("plain", False)]
+    assert node is not None and node[2] != _stack.UNKNOWN
