@@ -134,6 +134,14 @@ def build(
         f = f.f_back
     node: Optional[Node] = None
     n = len(codes)
+    if doubtful >= 0:
+        # _fill compares codes down to the first known node. Stale nodes on top of a run
+        # of the same code (the thrower's callers running the linked generator's code)
+        # would line up with the real frames one level shifted: extend the unverified
+        # segment until the first known node's code is not in it, which no shift matches.
+        seen = set(codes[: doubtful + 1])
+        while doubtful + 1 < n and codes[doubtful + 1] in seen:
+            doubtful += 1
     for i in range(n - 1, -1, -1):
         site = UNKNOWN if i <= doubtful else lastis[i + 1] if i + 1 < n else 0
         node = (codes[i], node, site)

@@ -393,6 +393,37 @@ def test_thrower_snapshot_after_a_library_delegate_caught_the_throw(tmp_path, sh
 
 
 @pytest.mark.skipif(conftest_backend() == "walk", reason="walk backend keeps no stack")
+@pytest.mark.parametrize("linked, callers", [(1, 1), (1, 3), (2, 1), (2, 2)])
+def test_thrower_snapshot_when_the_thrower_and_its_callers_run_the_linked_code(tmp_path, linked, callers):
+    """As the library-catcher test, the thrower and its callers running the same code as
+    the linked generators (found by a fuzzer): the stale nodes lined up with the real
+    frames one level shifted, and the check stopped at the thrower's known call site."""
+    ns = library_module(tmp_path, "catcher_lib", _LIB_CATCHER)
+    lib_catcher, E = ns["lib_catcher"], ns["E"]
+    monstack.install(exclude=[str(tmp_path)])
+
+    def g(depth, target=None):
+        if depth:
+            return (yield from g(depth - 1, target))
+        if target is not None:
+            got = target.throw(E)
+            snap = monstack.snapshot(); real = real_records(sys._getframe())  # noqa: E702 (one line)
+            yield got, shadow_records(snap), real
+            return
+        yield from lib_catcher()
+
+    for _ in range(3):
+        chain = g(linked - 1)
+        assert next(chain) == 1
+        got, shadow, real = next(g(callers, chain))
+        assert got == "lib caught"
+        assert shadow == real
+        snap = monstack.snapshot(); real = real_records(sys._getframe())  # noqa: E702 (one line)
+        assert shadow_records(snap) == real
+        chain.close()
+
+
+@pytest.mark.skipif(conftest_backend() == "walk", reason="walk backend keeps no stack")
 @pytest.mark.xfail(conftest_backend() == "evalframe", strict=True,
                    reason="3.11 shim: the throw() method's frame is pushed on a chain rebuilt "
                           "with the linked generators in it, and its pop goes back to them; "
