@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import os
 import sys
 import threading
 import weakref
@@ -843,3 +844,135 @@ def test_build_asks_unverified_about_generator_frames_only_and_marks_from_there_
         node = node[1]
     assert names == [("top", True), ("outer", True), ("plain", False)]
     assert node is not None and node[2] != _stack.UNKNOWN
+
+
+# Same-code linked generators: three wrong-snapshot cases a fuzzer found (all also wrong
+# before the unverified safeguard). Strict expected failures where they fail, so that a
+# fix shows up here.
+
+
+def _callbacks_kind() -> str:
+    """'evalframe', 'native' or 'python': what keeps the shadow stack in this run."""
+    if conftest_backend() != "monitoring":
+        return conftest_backend()
+    from monstack import _accel
+
+    native = _accel.available()[0] and os.environ.get("MONSTACK_ACCELERATOR") != "0"
+    return "native" if native else "python"
+
+
+@pytest.mark.skipif(conftest_backend() == "walk", reason="walk backend keeps no stack")
+@pytest.mark.xfail(_callbacks_kind() == "native", strict=True,
+                   reason="known gap: the push inside throw() matches the linked frame to the thrower's node")
+def test_snapshot_inside_a_throw_method_when_the_thrower_runs_the_linked_code():
+    results = []
+
+    class E(Exception):
+        pass
+
+    class Delegate:
+        def __init__(self, inner):
+            self.inner = inner
+
+        def __iter__(self):
+            return self
+
+        def __next__(self):
+            return next(self.inner)
+
+        def throw(self, *exc):
+            snap = monstack.snapshot(); real = real_records(sys._getframe())  # noqa: E702 (one line)
+            results.append((shadow_records(snap), real))
+            return self.inner.throw(*exc)
+
+    def g(depth, target=None):
+        if target is not None:
+            try:
+                target.throw(E)
+            except E:
+                pass
+            yield "thrower done"
+            return
+        if depth == 1:
+            yield from Delegate(g(0))
+        elif depth:
+            yield from g(depth - 1)
+        else:
+            yield 1
+
+    monstack.install()
+    chain = g(2)  # g(2) > g(1) > Delegate > g(0)
+    next(chain)
+    next(g(0, chain))
+    [(shadow, real)] = results
+    assert shadow == real
+
+
+@pytest.mark.skipif(conftest_backend() == "walk", reason="walk backend keeps no stack")
+@pytest.mark.xfail(_callbacks_kind() == "python", strict=True,
+                   reason="known gap: a nested throw takes the pure-Python callbacks' last-thrown slot")
+def test_thrower_snapshot_after_a_nested_throw_inside_the_catcher():
+    import contextlib
+
+    class E(Exception):
+        pass
+
+    @contextlib.contextmanager
+    def suppress_e():
+        try:
+            yield
+        except E:
+            monstack.snapshot()  # while the throw runs: the linked nodes are verified
+
+    def mid():
+        with suppress_e():
+            yield from g(0)
+        yield "mid yields after the with"
+
+    def g(depth, target=None):
+        if target is not None:
+            got = target.throw(E)
+            snap = monstack.snapshot(); real = real_records(sys._getframe())  # noqa: E702 (one line)
+            yield got, shadow_records(snap), real
+            return
+        if depth:
+            yield from mid()
+        else:
+            yield 1
+
+    monstack.install()
+    chain = g(1)  # g(1) > mid > g(0)
+    next(chain)
+    got, shadow, real = next(g(0, chain))
+    assert got == "mid yields after the with"
+    assert shadow == real
+
+
+@pytest.mark.skipif(conftest_backend() == "walk", reason="walk backend keeps no stack")
+@pytest.mark.xfail(_callbacks_kind() == "evalframe", strict=True,
+                   reason="known gap (3.11 shim): the outer linked level's node stays")
+def test_thrower_snapshot_after_the_catcher_returned_into_a_middle_level_of_the_same_code():
+    class E(Exception):
+        pass
+
+    def g(depth, target=None):
+        if target is not None:
+            got = target.throw(E)
+            snap = monstack.snapshot(); real = real_records(sys._getframe())  # noqa: E702 (one line)
+            yield got, shadow_records(snap), real
+            return
+        if depth:
+            yield from g(depth - 1)
+            yield "resumed"  # g(1) resumes here after g(0) returned
+        else:
+            try:
+                yield 1
+            except E:
+                return "caught"
+
+    monstack.install()
+    chain = g(2)
+    next(chain)
+    got, shadow, real = next(g(0, chain))
+    assert got == "resumed"
+    assert shadow == real
