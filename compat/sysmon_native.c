@@ -193,6 +193,10 @@ const uint64_t ms_layout[] = {
 #else
     0,
 #endif
+    offsetof(PyCFunctionObject, m_self),
+    offsetof(PyCFunctionObject, vectorcall),
+    offsetof(PyTypeObject, tp_vectorcall_offset),
+    Py_TPFLAGS_HAVE_VECTORCALL,
 };
 __attribute__((used))
 const char ms_layout_names[] =
@@ -202,7 +206,8 @@ const char ms_layout_names[] =
     "var_ob_size\0sizeof_PyMethodDef\0ml_meth\0ml_flags\0co_extra\0ma_version_tag\0"
     "tp_basicsize\0tp_itemsize\0tp_flags\0tp_base\0tp_dictoffset\0tp_weaklistoffset\0"
     "tp_alloc\0TPFLAGS_HAVE_GC\0tp_free\0sizeof_PyGC_Head\0tp_dealloc\0tp_finalize\0tp_del\0"
-    "op_YIELD_VALUE\0op_INSTRUMENTED_YIELD_VALUE\0op_RESUME\0op_INSTRUMENTED_RESUME\0op_RESUME_CHECK\0";
+    "op_YIELD_VALUE\0op_INSTRUMENTED_YIELD_VALUE\0op_RESUME\0op_INSTRUMENTED_RESUME\0op_RESUME_CHECK\0"
+    "cfunc_m_self\0cfunc_vectorcall\0tp_vectorcall_offset\0TPFLAGS_HAVE_VECTORCALL\0";
 
 /* ---------------------------------------------------------------- refcounts */
 /* Py_INCREF is inline with no external reference; Py_DECREF would name _Py_Dealloc. */
@@ -244,6 +249,7 @@ static inline uint64_t ms_dict_version(PyObject *d)
 
 /* ---------------------------------------------------------------- state */
 #define STATE_NAME "monstack.sysmon_native.state"
+#define MS_SPARE 8
 
 struct ms_state {
     uint64_t magic;
@@ -268,6 +274,11 @@ struct ms_state {
     PyObject **ints;      /* ms_int's cache: ints[i] is the int i (strong) or NULL; or NULL */
     PyObject *shorten;    /* [hops at which Snapshot._new shortens a chain] (strong; or NULL) */
     int untrack_nodes;    /* code objects are not GC containers (always so in 3.12/3.13) */
+    /* Nodes popped while nothing else referenced them, kept for the next pushes
+     * instead of being freed (a return cascade pops several in a row): 3-tuples,
+     * items NULL, refcount 1, owned; spare[0 .. n_spare-1] */
+    PyObject *spare[MS_SPARE];
+    int n_spare;
     /* per-code decision cache in co_extra[extra_index] (-1: none): the value
      * (epoch << 2) | 2 | tracked, where epoch identifies this state's policy */
     Py_ssize_t extra_index;
@@ -282,7 +293,7 @@ struct ms_state {
     PyObject *c_cell;     /* strong */
     /* counters (read by tests through ms_counters) */
     int64_t n_push_known, n_push_unknown, n_pop, n_seed, n_resync, n_decide, n_errors, n_cache_miss, n_linked;
-    int64_t n_events;
+    int64_t n_events, n_reused;
 };
 
 /* The capsule's pointer, read directly (PyCapsule_GetPointer compares names with
@@ -314,26 +325,34 @@ static void ms_cache_drop(struct ms_state *st)
  * state keeps the ints of the offsets below MS_INTS it has used (at most 16 KB of
  * pointers plus the ints; released with the state). */
 #define MS_INTS 2048
-static PyObject *ms_int(struct ms_state *st, long v)
+static PyObject *ms_int_slow(struct ms_state *st, long v)
 {
-    if (LIKELY(v >= 0 && v < MS_INTS)) {
-        if (UNLIKELY(st->ints == NULL)) {
+    if (v >= 0 && v < MS_INTS) {
+        if (st->ints == NULL) {
             st->ints = (PyObject **)API.PyMem_Calloc(MS_INTS, sizeof(PyObject *));
         }
-        if (LIKELY(st->ints != NULL)) {
-            PyObject *o = st->ints[v];
-            if (UNLIKELY(o == NULL)) {
-                o = API.PyLong_FromLong(v);
-                if (o == NULL) {
-                    return NULL;
-                }
-                st->ints[v] = o;
+        if (st->ints != NULL) {
+            PyObject *o = API.PyLong_FromLong(v);
+            if (o == NULL) {
+                return NULL;
             }
+            st->ints[v] = o;
             Py_INCREF(o);
             return o;
         }
     }
     return API.PyLong_FromLong(v);
+}
+
+/* (inline: it runs at most pushes and twice per snapshot; the rest is out of line) */
+static inline PyObject *ms_int(struct ms_state *st, long v)
+{
+    PyObject *o;
+    if (LIKELY((unsigned long)v < MS_INTS && st->ints != NULL && (o = st->ints[v]) != NULL)) {
+        Py_INCREF(o);
+        return o;
+    }
+    return ms_int_slow(st, v);
 }
 
 static void ms_state_free(PyObject *capsule)
@@ -358,6 +377,9 @@ static void ms_state_free(PyObject *capsule)
     ms_xdecref(st->origin_var);
     ms_xdecref(st->slow);
     ms_xdecref(st->shorten);
+    while (st->n_spare > 0) {
+        ms_decref(st->spare[--st->n_spare]); /* (a tuple with NULL items deallocates as any) */
+    }
     if (st->ints != NULL) {
         for (long i = 0; i < MS_INTS; i++) {
             ms_xdecref(st->ints[i]);
@@ -636,8 +658,13 @@ static inline int ms_known_filtered(struct ms_state *st, PyCodeObject *code)
 static int ms_push(struct ms_state *st, PyThreadState *ts, PyObject *cell, PyObject *code)
 {
     /* Allocate first: a collection here may run Python code that changes cell[0]. */
-    PyObject *node = API.PyTuple_New(3);
-    if (node == NULL) {
+    PyObject *node;
+    int fresh = st->n_spare == 0;
+    if (LIKELY(!fresh)) {
+        node = st->spare[--st->n_spare];
+        st->n_reused++;
+    }
+    else if ((node = API.PyTuple_New(3)) == NULL) {
         return -1;
     }
     PyObject **slot = &((PyListObject *)cell)->ob_item[0];
@@ -688,7 +715,7 @@ static int ms_push(struct ms_state *st, PyThreadState *ts, PyObject *cell, PyObj
     /* A node (code, parent node or None, int) can never be part of a reference cycle
      * (code objects are not GC containers: checked at load), so the collector need
      * not traverse it -- it would untrack it at its first pass anyway. */
-    if (LIKELY(st->untrack_nodes)) {
+    if (fresh && LIKELY(st->untrack_nodes)) {
         API.PyObject_GC_UnTrack(node);
     }
     *slot = node;
@@ -703,9 +730,24 @@ static inline int ms_pop(struct ms_state *st, PyObject *cell, PyObject *code)
     if (LIKELY(top != NONE && IS_TYPE(top, tuple_type) && Py_SIZE(top) == 3 &&
                PyTuple_GET_ITEM(top, 0) == code)) {
         PyObject *parent = PyTuple_GET_ITEM(top, 1);
+        st->n_pop++;
+        if (LIKELY(top->ob_refcnt == 1 && st->n_spare < MS_SPARE && st->untrack_nodes)) {
+            /* Nothing else holds the node (no snapshot, no other thread's view): keep
+             * the tuple for the next push. The parent's reference moves to the cell;
+             * code and offset are released last, when no pointer of ours is stale
+             * (releasing a code object can run Python code: weakref callbacks). */
+            PyObject *code_ref = PyTuple_GET_ITEM(top, 0), *off = PyTuple_GET_ITEM(top, 2);
+            PyTuple_SET_ITEM(top, 0, NULL);
+            PyTuple_SET_ITEM(top, 1, NULL);
+            PyTuple_SET_ITEM(top, 2, NULL);
+            *slot = parent;
+            st->spare[st->n_spare++] = top;
+            ms_decref(off);
+            ms_decref(code_ref);
+            return 1;
+        }
         Py_INCREF(parent);
         *slot = parent;
-        st->n_pop++;
         ms_decref(top);
         return 1;
     }
@@ -878,6 +920,51 @@ PyObject *ms_on_unwind(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     MS_HOLD_SELF(ms_leave(self, args, nargs, 0, 0));
 }
 
+/* The same callbacks as vectorcall functions. The loader writes them into the
+ * `vectorcall` field of the builtin-function objects it registers (after checking the
+ * field), so that CPython's event dispatch (_PyObject_VectorcallTstate) calls them
+ * directly instead of through cfunction_vectorcall_FASTCALL, which looks the thread
+ * state up once more and counts a recursion level for a call that cannot recurse.
+ * Calls through ml_meth (CALL_BUILTIN_FAST from Python code) still reach the
+ * functions above. Keyword arguments are refused as the builtin would refuse them. */
+static PyObject *ms_vc_kwargs(PyObject *kwnames)
+{
+    (void)kwnames;
+    API.PyErr_SetString((PyObject *)API.exc_type, "monstack callbacks take no keyword arguments");
+    return NULL;
+}
+
+#define MS_VC_SELF(callable) (((PyCFunctionObject *)(callable))->m_self)
+#define MS_VC(name, body)                                                                       \
+    __attribute__((used, noinline)) PyObject *name(PyObject *callable, PyObject *const *args, \
+                                                   size_t nargsf, PyObject *kwnames)           \
+    {                                                                                           \
+        if (UNLIKELY(kwnames != NULL && PyTuple_GET_SIZE(kwnames) != 0)) {                      \
+            return ms_vc_kwargs(kwnames);                                                       \
+        }                                                                                       \
+        PyObject *self = MS_VC_SELF(callable);                                                  \
+        Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);                                          \
+        MS_HOLD_SELF(body);                                                                     \
+    }
+
+/* The loader's check that a vectorcall function written into a builtin's field is the
+ * one its calls reach: returns the callable itself (ms_noop, its ml_meth, returns None). */
+__attribute__((used, noinline))
+PyObject *ms_vc_probe(PyObject *callable, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    (void)args;
+    (void)nargsf;
+    (void)kwnames;
+    Py_INCREF(callable);
+    return callable;
+}
+
+MS_VC(ms_vc_start, ms_enter(self, args, nargs, 1))
+MS_VC(ms_vc_throw, ms_enter(self, args, nargs, 0))
+MS_VC(ms_vc_return, ms_leave(self, args, nargs, 1, 0))
+MS_VC(ms_vc_yield, ms_leave(self, args, nargs, 1, 1))
+MS_VC(ms_vc_unwind, ms_leave(self, args, nargs, 0, 0))
+
 /* snapshot_fast() -> (top, lasti) or None. The O(1) case of a snapshot, natively:
  * called from monstack.snapshot(), it looks at snapshot()'s caller (the frame before
  * the current one, which must be a complete Python frame called directly, not through
@@ -886,9 +973,9 @@ PyObject *ms_on_unwind(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
  * (lazy fill, resync, seeding) decides. */
 /* The fast case shared by snapshot_fast / snapshot_new: 1 and (*top borrowed, *lasti),
  * or 0. */
-static inline int ms_fast_top(struct ms_state *st, int from_caller, PyObject **top_out, long *lasti_out)
+static inline int ms_fast_top(struct ms_state *st, PyThreadState *ts, int from_caller, PyObject **top_out,
+                               long *lasti_out)
 {
-    PyThreadState *ts = API.PyThreadState_Get();
     _PyInterpreterFrame *f = ms_current_frame(ts);
     if (f == NULL || ms_frame_code(f) == NULL) {
         return 0;
@@ -1182,6 +1269,7 @@ static PyObject *ms_build_snapshot(struct ms_state *st, int from_caller)
         goto none;
     }
     PyTypeObject *cls = (PyTypeObject *)st->snap_cls;
+    PyThreadState *ts = API.PyThreadState_Get();
     PyObject *origin = NULL;
     if (API.PyContextVar_Get(st->origin_var, NULL, &origin) < 0) {
         API.PyErr_Clear();
@@ -1207,7 +1295,7 @@ static PyObject *ms_build_snapshot(struct ms_state *st, int from_caller)
         ms_decref(origin);
         return NULL;
     }
-    if (!ms_fast_top(st, from_caller, &top, &lasti)) {
+    if (!ms_fast_top(st, ts, from_caller, &top, &lasti)) {
         ms_decref(meta);
         ms_decref(origin);
         goto none;
@@ -1416,14 +1504,14 @@ PyObject *ms_counters(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         API.PyErr_SetString((PyObject *)API.exc_type, "counters(): not a live state");
         return NULL;
     }
-    int64_t vals[10] = {st->n_push_known, st->n_push_unknown, st->n_pop, st->n_seed,
+    int64_t vals[11] = {st->n_push_known, st->n_push_unknown, st->n_pop, st->n_seed,
                         st->n_resync, st->n_decide, st->n_errors, st->n_cache_miss, st->n_events,
-                        st->n_linked};
-    PyObject *out = API.PyTuple_New(10);
+                        st->n_linked, st->n_reused};
+    PyObject *out = API.PyTuple_New(11);
     if (out == NULL) {
         return NULL;
     }
-    for (int i = 0; i < 10; i++) {
+    for (int i = 0; i < 11; i++) {
         PyObject *v = API.PyLong_FromLong((long)vals[i]);
         if (v == NULL) {
             ms_decref(out);

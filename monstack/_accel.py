@@ -35,7 +35,7 @@ from . import _native, _stack
 MAGIC = 0x6D6F6E73796D6F6E  # "monsymon", struct ms_api in sysmon_native.c
 STATE_NAME = b"monstack.sysmon_native.state"
 COUNTERS = ("push_known", "push_unknown", "pop", "seed", "resync", "decide", "errors", "cache_miss", "events",
-            "linked")
+            "linked", "reused")
 
 _lock = threading.Lock()
 _result: Optional[Tuple[bool, str]] = None
@@ -105,6 +105,63 @@ def _load_and_verify() -> None:
     _verify_runtime(fns["probe"])
     _fns.update(fns)
     _blob = blob
+    _verify_direct_calls(blob)
+
+
+#: Offset of PyCFunctionObject.vectorcall when writing the callbacks' vectorcall
+#: entry points into it was checked at load (``_verify_direct_calls``), else None.
+_vectorcall_field: Optional[int] = None
+#: Why the callbacks are called through CPython's cfunction_vectorcall_FASTCALL
+#: instead ("" when they are not).
+direct_calls_refused = "not loaded"
+
+
+def _verify_direct_calls(blob: _native.Blob) -> None:
+    """May the callbacks' builtin-function objects get the blob's vectorcall entry
+    points (ms_vc_*)? Then CPython's event dispatch calls them directly, skipping
+    cfunction_vectorcall_FASTCALL (a second thread-state lookup and a recursion count,
+    ~50 instructions per event). Checked on probe objects; a refusal only keeps the
+    ordinary call path (the native callbacks are used either way)."""
+    global _vectorcall_field, direct_calls_refused
+    import builtins
+
+    _vectorcall_field = None
+
+    lay = _layout(blob)
+    off_self, off_vc = lay["cfunc_m_self"], lay["cfunc_vectorcall"]
+    builtin = type(len)
+    word = ctypes.c_void_p.from_address
+    checks = (
+        (bool(builtin.__flags__ & lay["TPFLAGS_HAVE_VECTORCALL"]), "builtin functions are not vectorcall"),
+        (ctypes.c_ssize_t.from_address(id(builtin) + lay["tp_vectorcall_offset"]).value == off_vc,
+         "PyCFunctionObject.vectorcall is not the type's vectorcall slot"),
+        (word(id(len) + off_self).value == id(builtins), "PyCFunctionObject.m_self"),
+    )
+    for ok, why in checks:
+        if not ok:
+            direct_calls_refused = why
+            return
+    marker = object()
+    probe = _native.cached_function(blob, "ms_noop", "monstack_vectorcall_probe", self_obj=marker)
+    plain = _native.cached_function(blob, "ms_noop", "monstack_vectorcall_probe", self_obj=None)
+    before = word(id(probe) + off_vc).value
+    if word(id(probe) + off_self).value != id(marker) or not before or before != word(id(plain) + off_vc).value:
+        direct_calls_refused = "PyCFunctionObject.vectorcall does not hold the FASTCALL entry"
+        return
+    word(id(probe) + off_vc).value = blob.addr("ms_vc_probe")
+    if list(map(probe, [0])) != [probe] or list(map(plain, [0])) != [None]:
+        direct_calls_refused = "a vectorcall entry written into a builtin is not the one its calls reach"
+        return
+    _vectorcall_field = off_vc
+    direct_calls_refused = ""
+
+
+def _direct(fn: Any, blob: _native.Blob, symbol: str) -> Any:
+    """``fn`` (a callback made from the blob) with the vectorcall entry ``symbol``
+    written into it, when ``_verify_direct_calls`` allowed that."""
+    if _vectorcall_field is not None:
+        ctypes.c_void_p.from_address(id(fn) + _vectorcall_field).value = blob.addr(symbol)
+    return fn
 
 
 def _layout(blob: _native.Blob) -> Dict[str, int]:
@@ -365,7 +422,10 @@ def callbacks(
         tls, policy.tracked_files(), decide, seed, resync, on_error,
         mon.DISABLE, _stack.UNKNOWN, "cell", "__dict__", _extra_index, epoch,
     )
-    fn = _native.cached_function
+    def fn(blob: _native.Blob, symbol: str, name: str, self_obj: Any) -> Any:
+        return _direct(_native.cached_function(blob, symbol, name, self_obj=self_obj), blob,
+                       symbol.replace("ms_on_", "ms_vc_"))
+
     on_start = fn(blob, "ms_on_start", "monstack_on_start", self_obj=state)
     if native_throw:
         on_throw = fn(blob, "ms_on_throw", "monstack_on_throw", self_obj=state)

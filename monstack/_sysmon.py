@@ -371,10 +371,16 @@ class MonitoringBackend:
         _stack.reset_tls()
 
     def describe(self) -> dict[str, str]:
-        return {
+        out = {
             "tool id": str(self.tool) if self.tool is not None else "-",
             "accelerator": "native" if self.native else f"none ({self.accel_reason})",
         }
+        if self.native:
+            from . import _accel
+
+            why = _accel.direct_calls_refused
+            out["native calls"] = "direct (vectorcall)" if not why else f"through cfunction_vectorcall ({why})"
+        return out
 
 
 def _holders_text() -> str:

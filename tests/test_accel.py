@@ -1181,3 +1181,96 @@ def test_native_snapshot_looks_through_filtered_callers(tmp_path, monkeypatch):
     assert backend.snapshot_native is not None
     # answered natively: the Python capture never ran
     assert captures_for_library_snapshots(ns["op"], backend, monkeypatch) == 0
+
+
+# --------------------------------------------------------------------------- direct calls, node reuse
+def _vectorcall_of(fn):
+    import ctypes
+
+    return ctypes.c_void_p.from_address(id(fn) + _accel._layout(_accel._blob)["cfunc_vectorcall"]).value
+
+
+@needs_native
+def test_event_dispatch_calls_the_callbacks_directly():
+    """CPython's event dispatch reaches the blob's vectorcall entries (ms_vc_*), not
+    cfunction_vectorcall_FASTCALL; calls through ml_meth still work."""
+    assert _accel.direct_calls_refused == "", _accel.direct_calls_refused
+    mon = sys.monitoring
+    with tracking(True, track="all"):
+        assert _install._state.backend.describe()["native calls"] == "direct (vectorcall)"  # `info`
+        blob = _accel._blob
+        for event, symbol in ((mon.events.PY_START, "ms_vc_start"), (mon.events.PY_RESUME, "ms_vc_start"),
+                              (mon.events.PY_RETURN, "ms_vc_return"), (mon.events.PY_YIELD, "ms_vc_yield"),
+                              (mon.events.PY_UNWIND, "ms_vc_unwind")):
+            assert _vectorcall_of(_registered(event)) == blob.addr(symbol), symbol
+        before = native_counters()
+        loop(1000)
+        after = native_counters()
+        assert after["events"] - before["events"] >= 2000  # leaf's start and return
+        on_start = _registered()
+        with pytest.raises(TypeError, match="keyword"):
+            on_start(leaf.__code__, 0, extra=1)  # the vectorcall entry refuses keywords
+        assert native_counters()["errors"] == 0
+
+
+@needs_native
+def test_direct_calls_refused_keeps_the_native_callbacks(monkeypatch):
+    monkeypatch.setattr(_accel, "_vectorcall_field", _accel._vectorcall_field)
+    monkeypatch.setattr(_accel, "direct_calls_refused", _accel.direct_calls_refused)
+    real = _accel._layout
+
+    def wrong(b):
+        lay = dict(real(b))
+        lay["cfunc_vectorcall"] += 8
+        return lay
+
+    monkeypatch.setattr(_accel, "_layout", wrong)
+    _accel._verify_direct_calls(_accel._blob)
+    assert _accel._vectorcall_field is None
+    assert "vectorcall" in _accel.direct_calls_refused
+    with tracking(True, track="all"):
+        cb = _registered()
+        assert _vectorcall_of(cb) != _accel._blob.addr("ms_vc_start")
+        assert _install._state.backend.describe()["native calls"].startswith("through cfunction_vectorcall (")
+        OUT.clear()
+        loop(3)
+        outer_mark()
+        [(_, shadow, _, real_)] = OUT
+        assert shadow == real_
+    OUT.clear()
+
+
+def outer_mark():
+    return inner_mark()
+
+
+def inner_mark():
+    mark()
+
+
+@needs_native
+def test_popped_nodes_are_reused_only_when_nothing_else_holds_them():
+    """A node popped with no other reference is kept for the next push; one a snapshot
+    holds never is (else the snapshot's frames would change under it)."""
+    kept = []
+
+    def leaf_snap(i):
+        snap, real = monstack.snapshot(), real_records(sys._getframe())  # one line: same lineno
+        kept.append((snap, real))
+
+    def mid(i):
+        leaf_snap(i)
+        loop(3)  # pushes that would take a snapshot's node if it were spare
+
+    with tracking(True, track="all"):
+        before = native_counters()
+        for i in range(20):
+            mid(i)
+            loop(5)
+        after = native_counters()
+    assert after["reused"] - before["reused"] >= 20 * 8  # loop's and leaf's nodes come back
+    assert after["errors"] == 0
+    for snap, real in kept:
+        assert shadow_records(snap) == real
+        names = [name.rsplit(".", 1)[-1] for name, _ in chain(snap)]
+        assert names[:2] == ["leaf_snap", "mid"]
