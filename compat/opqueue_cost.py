@@ -17,6 +17,15 @@ for counting instructions under valgrind (deterministic where wall clock is not)
   filtered), ``uninstalled`` (no capture, measured after the same code ran once under
   monstack and monstack was uninstalled: on 3.12 that code has lost its superinstructions).
 
+``ab K ROUNDS TREE_A TREE_B``: the same wall-clock pairs for two checkouts of monstack
+(say ``git worktree add /tmp/before HEAD~1`` and this one), for a change's cost in wall
+clock: K processes per checkout, A and B alternating, each running ROUNDS pairs of
+1800-op runs (installed / no capture, ``snapshotter()`` / no capture) with its checkout
+first on the path; prints per checkout the median of all its per-pair ratios and each
+process's median::
+
+    PYTHONPATH=. python3.13 compat/opqueue_cost.py ab 6 25 /tmp/before .
+
 ``pairs ROUNDS OPS [--no-worker]``: wall clock, each mode measured back to back with its
 own no-capture run (the bench's ``_paired``), many short runs, each measurement on new
 code objects (``OpQueue.renew``: on 3.12 code once instrumented stays ~1% slower); prints
@@ -102,6 +111,59 @@ def pairs(rounds: int, ops: int, worker: bool) -> None:
               f"  ratio of sums {sum(t for _, t in ps) / sum(b for b, _ in ps):.3f}")
 
 
+def _pairs_json(rounds: int, out: str) -> None:
+    """One process of ``ab``: installed and snapshotter() pairs, raw ratios to ``out``."""
+    import json
+
+    w, fw, oq = _setup(1800)
+
+    def mode(name: str, enter, capture) -> _bench.Mode:
+        def go():
+            info = enter()
+            oq.configure(capture)
+            return info
+
+        return _bench.Mode(name, go, _bench._nothing)
+
+    base = mode("no capture", _bench._nothing, False)
+    modes = [mode("installed", _bench._installer(), False), mode("snapshotter", _bench._installer(), True)]
+    try:
+        res = _bench._paired(oq.run, base, modes, rounds, warm=oq.warm, fresh=oq.renew)
+    finally:
+        oq.close()
+    with open(out, "w") as f:
+        json.dump({"monstack": monstack.__file__, **{k: [t / b for b, t in v] for k, v in res.items()}}, f)
+
+
+def ab(k: int, rounds: int, trees: list) -> None:
+    import json
+    import os
+    import subprocess
+    import tempfile
+
+    got: dict = {t: {} for t in trees}
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(k):
+            for t in trees:
+                out = os.path.join(tmp, f"{len(got[t].get('installed', []))}-{trees.index(t)}.json")
+                env = dict(os.environ, PYTHONPATH=os.path.abspath(t))
+                subprocess.run([sys.executable, os.path.abspath(__file__),
+                                "pairs-json", str(rounds), out], env=env, check=True)
+                with open(out) as f:
+                    d = json.load(f)
+                if not d.pop("monstack").startswith(os.path.abspath(t)):
+                    raise SystemExit(f"{t}: the process imported another monstack")
+                for name, ratios in d.items():
+                    got[t].setdefault(name, []).append(ratios)
+    print(f"CPython {sys.version.split()[0]}, {k} processes x {rounds} pairs of 1800-op runs per checkout")
+    for label, t in zip("AB", trees):
+        print(f"  {label} {t}")
+        for name, runs in got[t].items():
+            flat = [r for run in runs for r in run]
+            per = " ".join(f"{statistics.median(run):.3f}" for run in runs)
+            print(f"    {name:12s} median {statistics.median(flat):.3f}  (per process: {per})")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -112,9 +174,20 @@ def main(argv=None) -> int:
     q.add_argument("rounds", type=int)
     q.add_argument("ops", type=int)
     q.add_argument("--no-worker", action="store_true")
+    j = sub.add_parser("pairs-json")
+    j.add_argument("rounds", type=int)
+    j.add_argument("out")
+    c = sub.add_parser("ab")
+    c.add_argument("k", type=int)
+    c.add_argument("rounds", type=int)
+    c.add_argument("trees", nargs=2)
     a = p.parse_args(argv)
     if a.cmd == "instructions":
         instructions(a.mode, a.ops)
+    elif a.cmd == "pairs-json":
+        _pairs_json(a.rounds, a.out)
+    elif a.cmd == "ab":
+        ab(a.k, a.rounds, a.trees)
     else:
         pairs(a.rounds, a.ops, not a.no_worker)
     return 0
