@@ -943,6 +943,11 @@ def snapshot_costs(cfg: Config, w: Optional[types.ModuleType] = None) -> dict:
                 methods.append((f"monstack {backend} native, snapshotter()", _LATE_SNAPSHOTTER,
                                 Mode("s", _installer(backend=backend, accelerator=True), _nothing)))
             methods.append((f"monstack {backend} pure-Python", snap, Mode("p", _installer(backend=backend, accelerator=False), _nothing)))
+            if hasattr(monstack, "snapshotter"):
+                # every thread, pool job and task started after install() has an origin
+                # (the snapshot links to it: another native branch)
+                methods.append((f"monstack {backend} native, snapshotter(), under an origin", _LATE_SNAPSHOTTER,
+                                _under_origin("o", _installer(backend=backend, accelerator=True))))
         else:
             methods.append((f"monstack {backend}", snap, Mode("m", _installer(backend=backend), _nothing)))
     methods.append(("monstack walk backend", snap, Mode("w", _installer(backend="walk"), _nothing)))
@@ -1008,6 +1013,25 @@ def snapshot_costs(cfg: Config, w: Optional[types.ModuleType] = None) -> dict:
 
 
 _LATE_SNAPSHOTTER = object()  # a snapshot method standing for monstack.snapshotter() after install
+
+
+def _under_origin(name: str, enter: Callable[[], str]) -> Mode:
+    """``enter``, then a current origin set in this context, as a started thread has."""
+    from monstack import _snapshot
+
+    tokens: list = []
+
+    def go() -> str:
+        info = enter()
+        tokens.append(_snapshot.CURRENT_ORIGIN.set(monstack.snapshot()))
+        return info + ", origin set"
+
+    def leave() -> None:
+        while tokens:
+            _snapshot.CURRENT_ORIGIN.reset(tokens.pop())
+        monstack.uninstall()
+
+    return Mode(name, go, leave)
 
 
 def _resolve(fn: Any) -> Callable:

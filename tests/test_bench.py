@@ -60,6 +60,9 @@ def test_snapshot_section(results):
         assert name in methods
     if _tracking_available():
         assert _bench._main_snapshot_method(methods) is not None
+    if "monstack monitoring native, snapshotter()" in methods:  # where the accelerator runs
+        row = "monstack monitoring native, snapshotter(), under an origin"
+        assert row in methods and snap["backend info"][row].endswith("accelerator: native, origin set")
     for name, per in methods.items():
         for d in depths:
             _positive_summary(per[d])
@@ -213,6 +216,10 @@ def test_opqueue_cost_script_runs(tmp_path):
     out = subprocess.run([sys.executable, script, "instructions", "snapshotter", "240"],
                          capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 0, out.stderr
+    out = subprocess.run([sys.executable, script, "ab", "1", "1", root, root],
+                         capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count("snapshotter  median") == 2
 
 
 def test_each_measurement_renews_the_workload_before_entering_its_mode():
