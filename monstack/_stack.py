@@ -101,6 +101,7 @@ def build(
     frame: Optional[FrameType],
     policy: "Policy",
     unverified: Optional[Callable[[FrameType], bool]] = None,
+    answerers: Optional[list] = None,
 ) -> Tuple[Optional[Node], int]:
     """Nodes for the tracked frames from ``frame`` outwards, built from the real frames.
 
@@ -114,6 +115,10 @@ def build(
     ``capture`` through them checks them against the real frames again (a frame that may
     leave without an event: see ``_sysmon.on_throw``). The whole top segment, because
     ``_fill`` trusts everything below the first known call site.
+
+    ``answerers`` (with ``unverified``): gets, for each run of such frames, the code of
+    the tracked frame just before the run (nearer ``frame``) if it is a generator's or
+    coroutine's: the one whose yield may answer the throw that linked the run in.
     """
     by_file = policy.tracked_files()
     codes: list = []
@@ -128,7 +133,12 @@ def build(
             decision = is_tracked(code, f.f_globals.get("__name__"))
         if decision:
             if unverified is not None and code.co_flags & SUSPENDABLE and f is not frame and unverified(f):
-                doubtful = len(codes)
+                k = len(codes)
+                if answerers is not None and doubtful != k - 1 and k:
+                    prev = codes[-1]
+                    if prev.co_flags & SUSPENDABLE:
+                        answerers.append(prev)
+                doubtful = k
             codes.append(code)
             lastis.append(f.f_lasti)
         f = f.f_back

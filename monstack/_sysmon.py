@@ -68,16 +68,25 @@ def _linked_suspended(frame: FrameType) -> bool:
     return raw[at] == _OPS[1] and (raw[at + 1] & 3) >= 2
 
 
-def _drop_linked(cell: list, frame: FrameType) -> None:
+def _drop_linked(cell: list, frame: FrameType, drop: bool = True) -> bool:
     """After ``frame`` (a tracked generator) yielded and was popped: pop the nodes of the
-    generators ``gen.throw()`` had linked in above it. They will not run -- the throw
-    returns the value just yielded to its caller -- and leave without any event."""
+    generators ``gen.throw()`` had linked in above it (unless ``drop`` is false: the node
+    below was not a generator's). They will not run -- the throw returns the value just
+    yielded to its caller -- and leave without any event.
+
+    Returns whether ``frame`` ran just above a linked generator: whether its yield answered
+    a throw."""
     f = frame.f_back
-    while f is not None and _linked_suspended(f):
+    if f is None or not _linked_suspended(f):
+        return False
+    while drop:
         top = cell[0]
         if top is not None and top[0] is f.f_code:
             cell[0] = top[1]
         f = f.f_back
+        if f is None or not _linked_suspended(f):
+            break
+    return True
 
 
 def _callbacks(policy: Policy, tls, on_error: Callable[[BaseException], None]):
@@ -119,6 +128,18 @@ def _callbacks(policy: Policy, tls, on_error: Callable[[BaseException], None]):
         tls.cell = [build(caller, policy)[0]]
         stats["resync"] += 1
 
+    # The codes whose yield may answer a running throw while outer generators are linked
+    # in (see on_throw and _drop_linked): only their yields look at the real frames -- a
+    # frame lookup on every yield cost generator-heavy code ~75% more instructions. A
+    # listed code's yield that answers (runs just above a linked generator) takes its
+    # entry out; one that does not (say, another instance of the catcher's code that the
+    # catcher runs) leaves it for the real answer. The list empties itself: each level a
+    # throw resumes gets a PY_THROW, whose rebuild lists again (nothing once no generator
+    # is linked in). Per yield, while it is empty: one test (it was ``thrown[0] is
+    # code``, a little dearer). (Shared by all threads: another thread's throw may
+    # replace it, or its yield take an entry, first.)
+    thrown: list = []
+
     def on_start(code: CodeType, offset: int):
         try:
             if code.co_filename in tracked_set or decide(code):
@@ -134,6 +155,7 @@ def _callbacks(policy: Policy, tls, on_error: Callable[[BaseException], None]):
             return None
 
     def on_throw(code: CodeType, offset: int, exc: BaseException):
+        nonlocal thrown
         # A throw (gen.throw/close, a task cancellation: never per call) may enter frames
         # CPython linked without events (a delegating ``yield from``/``await`` chain), and
         # the frame thrown into may already be on the shadow stack (a snapshot resynced
@@ -160,14 +182,21 @@ def _callbacks(policy: Policy, tls, on_error: Callable[[BaseException], None]):
             # get unverified nodes: if the delegate catches and yields, they leave with no
             # event -- for a library delegate not even a PY_YIELD that _drop_linked could
             # answer -- and the next capture through them must check them again.
-            top = build(frame, policy, _linked_suspended)[0]
+            answerers: list = []
+            top = build(frame, policy, _linked_suspended, answerers)[0]
             try:
                 tls.cell[0] = top
             except AttributeError:
                 tls.cell = [top]
                 stats["seed"] += 1
             stats["throw"] += 1
-            thrown[0] = code
+            # The yields that may answer a throw while generators are linked in: those of
+            # the tracked generators running just above a run of linked ones -- this
+            # frame, and, for a throw nested inside a catcher, the outer throw's catcher,
+            # whose linked frames this rebuild sees too. (A linked level that resumes
+            # later, the level above it having returned, gets a PY_THROW of its own,
+            # which lists again.) So each throw's list replaces the last one.
+            thrown = answerers
         except Exception as err:
             on_error(err)
 
@@ -189,13 +218,6 @@ def _callbacks(policy: Policy, tls, on_error: Callable[[BaseException], None]):
             on_error(exc)
         return None
 
-    # The code a throw last entered (PY_THROW): only its yield can be a delegate's
-    # answering gen.throw() while outer generators are linked in (see _drop_linked), so
-    # only that yield looks at the real frames -- a frame lookup on every yield cost
-    # generator-heavy code ~75% more instructions. (Shared by all threads: another
-    # thread's yield of the same code may consume it first; the check is harmless there.)
-    thrown: list = [None]
-
     def on_yield(code: CodeType, offset: int, value: object):
         # as on_return, plus _drop_linked for the yield answering a throw
         try:
@@ -207,10 +229,13 @@ def _callbacks(policy: Policy, tls, on_error: Callable[[BaseException], None]):
                 top = cell[0]
                 if top is not None and top[0] is code:
                     below = cell[0] = top[1]
-                    if thrown[0] is code:
-                        thrown[0] = None
-                        if below is not None and below[0].co_flags & _SUSPENDABLE:
-                            _drop_linked(cell, getframe(1))
+                    if thrown and code in thrown:
+                        suspendable = below is not None and below[0].co_flags & _SUSPENDABLE
+                        if _drop_linked(cell, getframe(1), suspendable):
+                            try:
+                                thrown.remove(code)  # answered (one entry per throw)
+                            except ValueError:  # another thread's yield took it first
+                                pass
                     return None
             if not (code.co_filename in tracked_set or decide(code)):
                 return DISABLE
