@@ -37,6 +37,17 @@
  * rebuilt from them, as a push does. Filtered frames without throwflag take one
  * extra test of a register.
  *
+ * Frames evaluated on linked-in frames. _gen_throw also evaluates frames *above*
+ * linked-in ones without throwflag: the generator a returning catcher returns into
+ * (its delegating callers stay linked until the throw returns), a delegate's Python
+ * throw() method, a tracked callback of a library catcher. Such a push, found on the
+ * slow path (its tracked caller is not the innermost activation's frame), rebuilds
+ * the chain with the linked frames in it, and its pop would leave their nodes on top.
+ * So when the nearest tracked caller is linked in (suspended at its `yield from`/
+ * `await`), the top to put back after the evaluation is that of the first tracked
+ * frame past the linked ones, as for throwflag (see linked_restore). The fast path
+ * never looks.
+ *
  * Our own bookkeeping runs with tstate->tracing raised, so Python code it may cause
  * (the policy callback, finalizers run by a garbage collection) is never tracked
  * and never re-enters the shim's tracking, exactly as CPython shields its own trace
@@ -104,6 +115,8 @@ static __attribute__((noinline)) struct ms_rec *claim_rec(struct ms_rec *r, PyTh
     r->active_frame = 0;
     r->active_node = 0;
     r->tdict = 0;
+    r->restore = 0; /* (always taken right after it is set: nonzero only if a collision
+                     * claimed the record meanwhile, a leaked reference at worst) */
     r->stack_limit = compute_stack_limit();
     return r;
 }
@@ -367,9 +380,166 @@ static __attribute__((noinline)) int chain_matches(PyThreadState *ts, PyObject *
     }
 }
 
+/* Is f a generator or coroutine frame that gen.throw() linked into the frame chain
+ * without evaluating it? It is suspended at its delegation point (the YIELD_VALUE of a
+ * `yield from`/`await`, followed by a RESUME with oparg 2 or 3: what _PyGen_yf looks
+ * for) though frames above it run. A frame that is running sits elsewhere (SEND, a
+ * call...). */
+static inline int linked_suspended(_PyInterpreterFrame *f)
+{
+    if (f->owner != FRAME_OWNED_BY_GENERATOR) {
+        return 0;
+    }
+    _Py_CODEUNIT *first = _PyCode_CODE(f->f_code);
+    _Py_CODEUNIT *at = f->prev_instr;
+    if (at < first || at + 1 >= first + Py_SIZE(f->f_code)) {
+        return 0;
+    }
+    return _Py_OPCODE(at[0]) == YIELD_VALUE && _Py_OPARG(at[1]) >= 2;
+}
+
+/* Linked-in callers. A frame evaluated while its nearest tracked caller c is a frame
+ * gen.throw() linked in (3.11's _gen_throw resumes the generator that catches, or the
+ * one a returning catcher returns into, from C, and calls a delegate's throw() method,
+ * with the outer delegating frames linked above the thrower) and pushed on a chain
+ * the push rebuilt (or seeded) with the linked frames in it would pop back to them,
+ * but they leave without a pop: the throw unlinks them. So the top to put back after
+ * its evaluation is the node of the first tracked frame past them: the innermost live
+ * activation's node when that is the frame and the top before the push was that node
+ * (`trusted`: the fast path holds again), else that frame's node in the chain.
+ * `cell`'s top describes the tracked real frames from c outwards. Sets this thread's
+ * record's `restore` (a new reference) when c is linked in; returns the cell (fetched
+ * again: the policy may have run), or NULL when monstack was stopped meanwhile.
+ * tracing is raised and no exception is pending. */
+static __attribute__((noinline)) PyObject *linked_restore(PyThreadState *ts, PyObject *cell,
+                                                          _PyInterpreterFrame *c, int64_t gen,
+                                                          int trusted)
+{
+    struct ms_rec *r = get_rec(ts);
+    if (c == r->active_frame || r->restore != 0 || !linked_suspended(c)) {
+        return cell;
+    }
+    PyObject *top = list_items(cell)[0];
+    ms_incref(top); /* next_tracked may run the policy, which may run other code */
+    PyObject *node = top;
+    _PyInterpreterFrame *f = c;
+    while (f != 0 && linked_suspended(f)) {
+        if (!is_node(node)) {
+            break;
+        }
+        node = tuple_items(node)[1];
+        f = next_tracked(ts, f->previous);
+    }
+    PyObject *restore = 0;
+    if (f == 0 ? node == DATA.py_none : (is_node(node) && tuple_items(node)[0] == (PyObject *)f->f_code)) {
+        r = get_rec(ts);
+        if (trusted && f != 0 && f == r->active_frame) {
+            node = r->active_node; /* kept alive by that activation */
+        }
+        ms_incref(node);
+        restore = node;
+    }
+    ms_decref(top);
+    cell = DATA.gen == gen ? get_cell(ts) : 0;
+    if (restore != 0) {
+        if (cell == 0) {
+            ms_decref(restore);
+        } else {
+            get_rec(ts)->restore = restore;
+        }
+    }
+    return cell;
+}
+
+/* An internal failure of a push: cleared and counted; a restore a push set is dropped. */
+static __attribute__((noinline)) PyObject *push_failed(PyThreadState *ts)
+{
+    /* (the restore is in the chain on the stack: the decref frees nothing) */
+    DATA.PyErr_Clear();
+    DATA.n_errors++;
+    struct ms_rec *r = get_rec(ts);
+    if (r->restore != 0) { /* set by linked_restore before a later failure */
+        PyObject *lr = r->restore;
+        r->restore = 0;
+        ms_decref(lr);
+    }
+    return 0;
+}
+
+/* push, this thread not seeded yet: build its stack from the real frames. Returns the
+ * cell, or NULL when the frame is not to be pushed. */
+static __attribute__((noinline)) PyObject *push_seed(PyThreadState *ts, _PyInterpreterFrame *c, int64_t gen)
+{
+    PyObject *top = build_chain(ts, c);
+    if (top == 0) {
+        return push_failed(ts);
+    }
+    if (DATA.gen != gen || !DATA.enabled) { /* stopped while the policy ran */
+        ms_decref(top);
+        return 0;
+    }
+    PyObject *newcell = DATA.PyList_New(1);
+    if (newcell == 0) {
+        ms_decref(top);
+        return push_failed(ts);
+    }
+    list_items(newcell)[0] = top;
+    int rc = DATA.PyObject_SetAttr(DATA.tls, DATA.str_cell, newcell);
+    ms_decref(newcell);
+    if (rc < 0) {
+        return push_failed(ts);
+    }
+    DATA.n_seed++;
+    PyObject *cell = get_cell(ts);
+    if (cell == 0 || DATA.gen != gen) {
+        return 0;
+    }
+    if (c != 0 && c->owner == FRAME_OWNED_BY_GENERATOR) {
+        cell = linked_restore(ts, cell, c, gen, 0);
+    }
+    return cell;
+}
+
+/* push, the top not known to be right (its tracked caller c is not the innermost
+ * activation's frame, or the top is not that activation's node): compare the chain
+ * with the real frames, rebuild it from them on any difference. Returns the cell, or
+ * NULL when the frame is not to be pushed. */
+static __attribute__((noinline)) PyObject *push_resync(PyThreadState *ts, _PyInterpreterFrame *c, int64_t gen,
+                                                       struct ms_rec *r, PyObject *top)
+{
+    int trusted = r->active_frame != 0 && top == r->active_node;
+    int same = chain_matches(ts, top, c);
+    if (DATA.gen != gen || !DATA.enabled) {
+        return 0;
+    }
+    if (same) {
+        DATA.n_verify++;
+        return get_cell(ts); /* the policy may have let other code run */
+    }
+    PyObject *fresh = build_chain(ts, c);
+    if (fresh == 0) {
+        return push_failed(ts);
+    }
+    PyObject *cell = DATA.gen == gen ? get_cell(ts) : 0;
+    if (cell == 0) {
+        ms_decref(fresh);
+        return 0;
+    }
+    cell_set(cell, fresh);
+    DATA.n_resync++;
+    /* (a chain that matched was put there by someone who puts it back: throw_resync,
+     * or the pop of the frame that pushed it) */
+    if (c != 0 && c->owner == FRAME_OWNED_BY_GENERATOR) {
+        cell = linked_restore(ts, cell, c, gen, trusted);
+    }
+    return cell;
+}
+
 /* Push the node of `frame`. Returns our new reference to it, or NULL when the frame
- * is not pushed (internal failure, or monstack was stopped meanwhile). tracing is
- * raised and no exception is pending. */
+ * is not pushed (internal failure, or monstack was stopped meanwhile). When the frame
+ * is pushed on frames gen.throw() linked in, sets the record's `restore` to the top to
+ * put back after the evaluation (see linked_restore). tracing is raised and no
+ * exception is pending. */
 static PyObject *push(PyThreadState *ts, _PyInterpreterFrame *frame, int64_t gen)
 {
     _PyInterpreterFrame *c = next_tracked(ts, ts->cframe->current_frame);
@@ -378,57 +548,17 @@ static PyObject *push(PyThreadState *ts, _PyInterpreterFrame *frame, int64_t gen
     }
     PyObject *cell = get_cell(ts);
     if (UNLIKELY(cell == 0)) {
-        /* This thread is not seeded yet: build its stack from the real frames. */
-        PyObject *top = build_chain(ts, c);
-        if (top == 0) {
-            goto error;
-        }
-        if (DATA.gen != gen || !DATA.enabled) { /* stopped while the policy ran */
-            ms_decref(top);
-            return 0;
-        }
-        PyObject *newcell = DATA.PyList_New(1);
-        if (newcell == 0) {
-            ms_decref(top);
-            goto error;
-        }
-        list_items(newcell)[0] = top;
-        int rc = DATA.PyObject_SetAttr(DATA.tls, DATA.str_cell, newcell);
-        ms_decref(newcell);
-        if (rc < 0) {
-            goto error;
-        }
-        DATA.n_seed++;
-        cell = get_cell(ts);
-        if (cell == 0 || DATA.gen != gen) {
+        cell = push_seed(ts, c, gen);
+        if (cell == 0) {
             return 0;
         }
     } else {
         struct ms_rec *r = get_rec(ts);
         PyObject *top = list_items(cell)[0];
         if (UNLIKELY(c == 0 || c != r->active_frame || top != r->active_node)) {
-            int same = chain_matches(ts, top, c);
-            if (DATA.gen != gen || !DATA.enabled) {
+            cell = push_resync(ts, c, gen, r, top);
+            if (cell == 0) {
                 return 0;
-            }
-            if (same) {
-                DATA.n_verify++;
-                cell = get_cell(ts); /* the policy may have let other code run */
-                if (cell == 0) {
-                    return 0;
-                }
-            } else {
-                PyObject *fresh = build_chain(ts, c);
-                if (fresh == 0) {
-                    goto error;
-                }
-                cell = DATA.gen == gen ? get_cell(ts) : 0;
-                if (cell == 0) {
-                    ms_decref(fresh);
-                    return 0;
-                }
-                cell_set(cell, fresh);
-                DATA.n_resync++;
             }
         }
     }
@@ -438,17 +568,13 @@ static PyObject *push(PyThreadState *ts, _PyInterpreterFrame *frame, int64_t gen
     PyObject *node = new_node((PyObject *)frame->f_code, top, c ? frame_lasti(c) : 0);
     if (node == 0) {
         ms_decref(cell);
-        goto error;
+        return push_failed(ts);
     }
     ms_incref(node);
     cell_set(cell, node);
     ms_decref(cell);
     DATA.n_push++;
     return node;
-error:
-    DATA.PyErr_Clear();
-    DATA.n_errors++;
-    return 0;
 }
 
 static void pop(PyThreadState *ts, PyObject *node, _PyInterpreterFrame *prev_frame,
@@ -636,6 +762,23 @@ static __attribute__((noinline)) PyObject *filtered_throw(PyThreadState *ts, _Py
     return res;
 }
 
+/* Take the record's `restore` (see linked_restore) after a push: the top to put back
+ * after the evaluation, unless one is already to be put back (`saved`: a throw). (The
+ * dropped one is still held: it is the activation's node or in the chain below the
+ * node just pushed; tracing raised all the same.) */
+static __attribute__((noinline)) PyObject *take_restore(PyThreadState *ts, struct ms_rec *r, PyObject *saved)
+{
+    PyObject *lr = r->restore;
+    r->restore = 0;
+    if (saved != 0) {
+        ts->tracing++;
+        ms_decref(lr);
+        ts->tracing--;
+        return saved;
+    }
+    return lr;
+}
+
 static __attribute__((noinline)) PyObject *
 tracked_eval(PyThreadState *ts, _PyInterpreterFrame *frame, int throwflag, int decided)
 {
@@ -681,6 +824,9 @@ tracked_eval(PyThreadState *ts, _PyInterpreterFrame *frame, int throwflag, int d
         return DATA._PyEval_EvalFrameDefault(ts, frame, throwflag);
     }
     struct ms_rec *r = get_rec(ts);
+    if (UNLIKELY(r->restore != 0)) { /* pushed on frames gen.throw() linked in */
+        saved = take_restore(ts, r, saved);
+    }
     _PyInterpreterFrame *prev_frame = r->active_frame;
     PyObject *prev_node = r->active_node;
     r->active_frame = frame;

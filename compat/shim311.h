@@ -13,6 +13,7 @@
 #define Py_BUILD_CORE 1
 #include <Python.h>
 #include <internal/pycore_frame.h>
+#include <opcode.h>
 #include <stdint.h>
 #include <stddef.h>
 
@@ -91,6 +92,11 @@ struct ms_rec {
     PyObject *ldict;
     uint64_t ldict_version;
     PyObject *cell;
+    /* the top to put back after the evaluation of the frame just pushed on frames
+     * gen.throw() linked in (see linked_restore in shim311.c): set by that push, taken
+     * by its tracked_eval right after (a new reference, or NULL) */
+    PyObject *restore;
+    void *spare[5];              /* pads the record to 128 bytes: a cheaper index */
 };
 
 #define MS_NREC 1024
@@ -143,7 +149,8 @@ typedef struct {
     X(var_ob_size, offsetof(PyVarObject, ob_size))                             \
     X(ob_refcnt, offsetof(PyObject, ob_refcnt))                                \
     X(ob_type, offsetof(PyObject, ob_type))                                    \
-    X(sizeof_codeunit, sizeof(_Py_CODEUNIT))
+    X(sizeof_codeunit, sizeof(_Py_CODEUNIT))                                   \
+    X(op_yield_value, YIELD_VALUE)
 
 #define MS_MAGIC 0x6d6f6e7374616b31ULL /* "monstak1" */
 

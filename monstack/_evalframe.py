@@ -316,6 +316,7 @@ def _probe_with(mem: "_SafeMemory", off: Dict[str, int]) -> List[str]:
 
         return inner_fn
 
+    check("op_yield_value", off["op_yield_value"] == dis.opmap["YIELD_VALUE"])
     resume = dis.opmap["RESUME"]
     for code in (outer_fn.__code__, outer_fn().__code__, gen.__code__):
         ops = code.co_code[::2]
