@@ -72,6 +72,17 @@ def instructions(mode: str, ops: int) -> None:
         sink.clear()
 
 
+def _mode(oq, name: str, enter, capture) -> _bench.Mode:
+    """A measured mode: ``enter`` (install or not), then the framework's capture set."""
+
+    def go():
+        info = enter()
+        oq.configure(capture)
+        return info
+
+    return _bench.Mode(name, go, _bench._nothing)
+
+
 def pairs(rounds: int, ops: int, worker: bool) -> None:
     w, fw, oq = _setup(ops)
     sink: list = []
@@ -82,12 +93,7 @@ def pairs(rounds: int, ops: int, worker: bool) -> None:
         sink.clear()
 
     def mode(name: str, enter, capture) -> _bench.Mode:
-        def go():
-            info = enter()
-            oq.configure(capture)
-            return info
-
-        return _bench.Mode(name, go, _bench._nothing)
+        return _mode(oq, name, enter, capture)
 
     base = mode("no capture", _bench._nothing, False)
     modes = [
@@ -118,12 +124,7 @@ def _pairs_json(rounds: int, out: str) -> None:
     w, fw, oq = _setup(1800)
 
     def mode(name: str, enter, capture) -> _bench.Mode:
-        def go():
-            info = enter()
-            oq.configure(capture)
-            return info
-
-        return _bench.Mode(name, go, _bench._nothing)
+        return _mode(oq, name, enter, capture)
 
     base = mode("no capture", _bench._nothing, False)
     modes = [mode("installed", _bench._installer(), False), mode("snapshotter", _bench._installer(), True)]
