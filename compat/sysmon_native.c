@@ -22,7 +22,10 @@
  * node's code and the top node's own call site is known (so a node with a known call
  * site is always part of a chain that was verified; the one blind spot this cannot see
  * -- frames CPython links without events on a throw into a delegating generator -- is
- * closed by the (Python) PY_THROW callback, which rebuilds the stack from the real frames).
+ * closed by the (Python) PY_THROW callback, which rebuilds the stack from the real frames,
+ * and, for a frame a throw() method runs in, called from C before any PY_THROW, by not
+ * trusting a caller that is such a linked frame: the push records UNKNOWN, and capture's
+ * _fill rebuilds when it meets one).
  *
  * Hot paths (tracked push/pop) call no Python code. Callbacks are entered with no
  * exception pending (CPython stashes it around the call) and always return a
@@ -444,6 +447,17 @@ static inline long ms_frame_lasti(_PyInterpreterFrame *f, PyCodeObject *code)
  * at the RESUME after it, oparg 2 (after yield from) or 3 (after await). A running
  * frame sits elsewhere (SEND, a call). Behind INSTRUMENTED_LINE/INSTRUCTION (another
  * tool's line events) the opcode is not visible here: not linked, as far as we know. */
+static inline int ms_op_at_delegation(_Py_CODEUNIT *at)
+{
+#if PY_VERSION_HEX >= 0x030D0000
+    int op = at->op.code;
+    return (op == RESUME || op == RESUME_CHECK || op == INSTRUMENTED_RESUME) && (at->op.arg & 3) >= 2;
+#else
+    int op = at->op.code;
+    return op == YIELD_VALUE || op == INSTRUMENTED_YIELD_VALUE;
+#endif
+}
+
 static inline int ms_linked_suspended(_PyInterpreterFrame *f)
 {
     PyCodeObject *code;
@@ -455,12 +469,7 @@ static inline int ms_linked_suspended(_PyInterpreterFrame *f)
     if (at < first || at >= first + Py_SIZE(code)) {
         return 0;
     }
-    int op = at->op.code;
-#if PY_VERSION_HEX >= 0x030D0000
-    return (op == RESUME || op == RESUME_CHECK || op == INSTRUMENTED_RESUME) && (at->op.arg & 3) >= 2;
-#else
-    return op == YIELD_VALUE || op == INSTRUMENTED_YIELD_VALUE;
-#endif
+    return ms_op_at_delegation(at);
 }
 
 #define MS_CO_SUSPENDABLE (CO_GENERATOR | CO_COROUTINE | CO_ITERABLE_COROUTINE | CO_ASYNC_GENERATOR)
@@ -683,6 +692,15 @@ static int ms_push(struct ms_state *st, PyThreadState *ts, PyObject *cell, PyObj
                 if (ccode != NULL) {
                     if ((PyObject *)ccode == PyTuple_GET_ITEM(top, 0)) {
                         lasti = ms_frame_lasti(caller, ccode);
+                        /* Called through C (hops > 0: past an entry frame) from a
+                         * generator that gen.throw() linked in, as its delegate's throw()
+                         * method is: no event pushed that generator, the top node may be
+                         * the thrower's, of the same code. Unknown: capture's _fill
+                         * rebuilds when it meets one. */
+                        if (UNLIKELY(hops != 0) && caller->owner == FRAME_OWNED_BY_GENERATOR && lasti >= 0 &&
+                            ms_op_at_delegation(ms_frame_instr(caller))) {
+                            lasti = -1;
+                        }
                         break;
                     }
                     if (!ms_known_filtered(st, ccode)) {

@@ -28,6 +28,7 @@ install, or started since). Native backends share exactly this structure.
 from __future__ import annotations
 
 import _thread
+import sys
 from types import CodeType, FrameType
 from typing import TYPE_CHECKING, Callable, Optional, Tuple
 
@@ -44,6 +45,32 @@ UNKNOWN = -1
 SUSPENDABLE = 0x20 | 0x80 | 0x100 | 0x200
 
 Node = Tuple[CodeType, Optional["Node"], int]  # type: ignore[misc]
+
+# Where a generator frame linked in by gen.throw() sits while the frames it delegates to
+# run: its ``yield from``/``await`` suspension point. 3.11/3.12: the YIELD_VALUE it
+# suspended at; 3.13: the RESUME after it, with oparg 2 (after yield from) or 3 (after
+# await). A frame that is running sits elsewhere (SEND, a call...).
+_RESUME_AFTER_YIELD = sys.version_info >= (3, 13)
+#: That opcode (YIELD_VALUE or RESUME): fixed per minor version (a test checks them; the
+#: ``opcode`` module costs ~1.5 ms to import), looked up for any other version.
+DELEGATION_OP: int = {(3, 11): 86, (3, 12): 150, (3, 13): 149}.get(sys.version_info[:2], -1)
+if DELEGATION_OP < 0:  # pragma: no cover (a version the table does not know)
+    from opcode import opmap as _opmap
+
+    DELEGATION_OP = _opmap["RESUME" if _RESUME_AFTER_YIELD else "YIELD_VALUE"]
+    del _opmap
+
+
+def linked_suspended(frame: FrameType) -> bool:
+    """``frame`` (a generator or coroutine frame) is suspended at its delegation point
+    though frames above it run: ``gen.throw()`` linked it in without resuming it."""
+    code = frame.f_code
+    at = frame.f_lasti
+    raw = code.co_code
+    if not (code.co_flags & SUSPENDABLE) or not 0 <= at < len(raw) - 1:
+        return False
+    return raw[at] == DELEGATION_OP and (not _RESUME_AFTER_YIELD or (raw[at + 1] & 3) >= 2)
+
 
 #: Per-thread state shared by all tracking backends (see module docstring).
 TLS = _thread._local()
@@ -163,8 +190,17 @@ def _fill(top: Node, frame: FrameType, policy: "Policy") -> Optional[Node]:
 
     ``frame`` is the real frame of ``top``. Returns the filled replacement of ``top``,
     or None when the shadow stack disagrees with the real one.
+
+    A real frame on the way that ``gen.throw()`` linked in (``linked_suspended``) got no
+    event: the node it lines up with may be another frame's of the same code (the
+    thrower's, when it runs the linked generator's code; a frame a throw() method or
+    getter called from C was pushed above the thrower's node), shifting the rest of the
+    walk by one level where no code differs. Codes cannot tell, so the stack is rebuilt
+    from the real frames instead (O(depth), during a throw only, as the throw's own
+    rebuild; counted as one).
     """
     by_file = policy.tracked_files()
+    is_tracked = policy.is_tracked
     pending: list = []
     node: Optional[Node] = top
     f: Optional[FrameType] = frame
@@ -172,16 +208,27 @@ def _fill(top: Node, frame: FrameType, policy: "Policy") -> Optional[Node]:
     while node is not None and node[2] == UNKNOWN:
         parent = node[1]
         f = f.f_back if f is not None else None
-        while f is not None and not _tracked(f, policy, by_file):
+        while f is not None:  # (_tracked, inlined: this loop runs at most snapshots)
+            code = f.f_code
+            decision = by_file.get(code.co_filename)
+            if decision is None:
+                decision = is_tracked(code, f.f_globals.get("__name__"))
+            if decision:
+                break
             f = f.f_back
         if parent is None:
             if f is not None:
                 return None  # a tracked caller is missing from the shadow stack
             pending.append((node[0], 0))
             break
-        if f is None or f.f_code is not parent[0]:
+        if f is None or code is not parent[0]:
             return None
-        pending.append((node[0], f.f_lasti))
+        lasti = f.f_lasti
+        raw = code.co_code  # (linked_suspended(f), inlined; only generator code has that op)
+        if raw[lasti] == DELEGATION_OP and (not _RESUME_AFTER_YIELD or raw[lasti + 1] & 2):
+            STATS["throw"] += 1
+            return build(frame, policy)[0]
+        pending.append((node[0], lasti))
         node = parent
     else:
         anchor = node

@@ -43,29 +43,9 @@ def tool_holders() -> dict[int, str]:
 
 _SUSPENDABLE = _stack.SUSPENDABLE
 
-# Where a generator frame linked in by gen.throw() sits while the frames it delegates to
-# run: its ``yield from``/``await`` suspension point. 3.12: the YIELD_VALUE it suspended
-# at; 3.13: the RESUME after it, with oparg 2 (after yield from) or 3 (after await). A
-# frame that is running sits elsewhere (SEND, a call...).
-# (The opcode numbers are looked up on first use: ``opcode`` costs ~1.5 ms to import.)
-_OPS: list = []
-
-
-def _linked_suspended(frame: FrameType) -> bool:
-    """``frame`` (a generator or coroutine frame) is suspended at its delegation point
-    though frames above it run: ``gen.throw()`` linked it in without resuming it."""
-    code = frame.f_code
-    at = frame.f_lasti
-    raw = code.co_code
-    if not (code.co_flags & _SUSPENDABLE) or not 0 <= at < len(raw) - 1:
-        return False
-    if not _OPS:
-        from opcode import opmap
-
-        _OPS[:] = [opmap["YIELD_VALUE"], opmap["RESUME"]]
-    if _env.PYVERSION < (3, 13):
-        return raw[at] == _OPS[0]
-    return raw[at] == _OPS[1] and (raw[at + 1] & 3) >= 2
+#: ``frame`` (a generator or coroutine frame) was linked in by ``gen.throw()`` and is
+#: suspended at its delegation point (see ``_stack.linked_suspended``).
+_linked_suspended = _stack.linked_suspended
 
 
 def _drop_linked(cell: list, frame: FrameType, drop: bool = True) -> bool:

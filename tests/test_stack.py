@@ -814,6 +814,12 @@ def test_suspendable_code_flags_are_inspects():
         | inspect.CO_ITERABLE_COROUTINE | inspect.CO_ASYNC_GENERATOR)
 
 
+def test_delegation_opcode_is_the_opcode_modules():
+    from opcode import opmap
+
+    assert _stack.DELEGATION_OP == opmap["RESUME" if sys.version_info >= (3, 13) else "YIELD_VALUE"]
+
+
 def test_build_asks_unverified_about_generator_frames_only_and_marks_from_there_up():
     # The question costs a Python call per frame and build() runs at every throw: plain
     # frames are never asked. A frame answered "yes" and every node above it get
@@ -861,13 +867,24 @@ def _callbacks_kind() -> str:
 
 
 @pytest.mark.skipif(conftest_backend() == "walk", reason="walk backend keeps no stack")
-@pytest.mark.xfail(_callbacks_kind() == "native", strict=True,
-                   reason="known gap: the push inside throw() matches the linked frame to the thrower's node")
-def test_snapshot_inside_a_throw_method_when_the_thrower_runs_the_linked_code():
+@pytest.mark.parametrize("variant", ["plain", "thrower-snapshotted", "via-a-call", "thrower-under-same-code"])
+def test_snapshot_inside_a_throw_method_when_the_thrower_runs_the_linked_code(variant):
+    # The throw links g(2) in without an event and calls Delegate.throw from C: its push
+    # finds the linked g(2) frame as its caller, of the same code as the thrower's node.
+    # Variants: the thrower's own call site already known (a snapshot in it first: the
+    # pure-Python callbacks then trusted the shifted walk too); the snapshot one call
+    # deeper; the thrower called by g itself, whose node is known (a snapshot there).
     results = []
 
     class E(Exception):
         pass
+
+    def take():
+        snap = monstack.snapshot(); real = real_records(sys._getframe())  # noqa: E702 (one line)
+        results.append((shadow_records(snap), real))
+
+    def helper():
+        take()
 
     class Delegate:
         def __init__(self, inner):
@@ -880,16 +897,23 @@ def test_snapshot_inside_a_throw_method_when_the_thrower_runs_the_linked_code():
             return next(self.inner)
 
         def throw(self, *exc):
-            snap = monstack.snapshot(); real = real_records(sys._getframe())  # noqa: E702 (one line)
-            results.append((shadow_records(snap), real))
+            if variant == "via-a-call":
+                helper()
+            take()
             return self.inner.throw(*exc)
 
-    def g(depth, target=None):
+    def g(depth, target=None, up=0):
+        if up:
+            monstack.snapshot()
+            return (yield from g(depth, target, up - 1))
         if target is not None:
+            if variant == "thrower-snapshotted":
+                monstack.snapshot()
             try:
                 target.throw(E)
             except E:
                 pass
+            take()
             yield "thrower done"
             return
         if depth == 1:
@@ -902,9 +926,10 @@ def test_snapshot_inside_a_throw_method_when_the_thrower_runs_the_linked_code():
     monstack.install()
     chain = g(2)  # g(2) > g(1) > Delegate > g(0)
     next(chain)
-    next(g(0, chain))
-    [(shadow, real)] = results
-    assert shadow == real
+    next(g(0, chain, 2 if variant == "thrower-under-same-code" else 0))
+    assert len(results) == (3 if variant == "via-a-call" else 2)
+    for shadow, real in results:
+        assert shadow == real
 
 
 @pytest.mark.skipif(conftest_backend() == "walk", reason="walk backend keeps no stack")
