@@ -30,7 +30,9 @@ process's median::
 own no-capture run (the bench's ``_paired``), many short runs, each measurement on new
 code objects (``OpQueue.renew``: on 3.12 code once instrumented stays ~1% slower); prints
 the median of the per-pair ratios with the quartiles and the ratio of the sums. ``no
-capture again`` is the noise floor.
+capture again`` is the noise floor; ``every code filtered`` (installed, the workload
+excluded) is what any ``sys.monitoring`` tool with global events costs before it tracks
+anything.
 """
 
 from __future__ import annotations
@@ -98,6 +100,10 @@ def pairs(rounds: int, ops: int, worker: bool) -> None:
     base = mode("no capture", _bench._nothing, False)
     modes = [
         mode("no capture again", _bench._nothing, False),
+        # any sys.monitoring tool's floor: PY_START/PY_RETURN set, every code object
+        # filtered (its events DISABLEd after the first); on 3.12 the instrumented code
+        # has lost its superinstructions
+        mode("every code filtered", _bench._installer(exclude=[_bench.WORKLOAD_MODULE]), False),
         mode("installed, no snapshot", _bench._installer(), False),
         mode("snapshotter()", _bench._installer(), True),
         mode("snapshot()", _bench._installer(), "snapshot"),

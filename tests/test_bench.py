@@ -105,7 +105,7 @@ def test_opqueue_section_really_ran(results):
     assert oq["us per op"]["no capture"]["median"] > 0
     expected = {"no capture", _bench.NOISE_FLOOR, "walk per op"}
     if _tracking_available():
-        expected |= {"default policy", "track='all'"}
+        expected |= {"default policy", "track='all'", _bench.FILTERED_FLOOR}
     assert expected <= set(oq["checks"])
     for mode, ck in oq["checks"].items():
         # every op issued reached the worker thread
@@ -211,7 +211,7 @@ def test_opqueue_cost_script_runs(tmp_path):
     out = subprocess.run([sys.executable, script, "pairs", "1", "240", "--no-worker"],
                          capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 0, out.stderr
-    for row in ("no capture again", "installed, no snapshot", "snapshotter()", "snapshot()"):
+    for row in ("no capture again", "every code filtered", "installed, no snapshot", "snapshotter()", "snapshot()"):
         assert row in out.stdout
     out = subprocess.run([sys.executable, script, "instructions", "snapshotter", "240"],
                          capture_output=True, text=True, env=env, timeout=120)
