@@ -13,6 +13,7 @@ PY_UNWIND cannot be disabled; those callbacks ignore filtered code.
 
 from __future__ import annotations
 
+import _thread
 import sys
 from types import CodeType, FrameType
 from typing import Any, Callable, Optional
@@ -74,6 +75,7 @@ def _callbacks(policy: Policy, tls, on_error: Callable[[BaseException], None]):
     mon = sys.monitoring
     DISABLE = mon.DISABLE
     getframe = sys._getframe
+    get_ident = _thread.get_ident
     tracked_set = policy.tracked_set()
     by_file = policy.tracked_files()
     is_tracked = policy.is_tracked
@@ -116,9 +118,11 @@ def _callbacks(policy: Policy, tls, on_error: Callable[[BaseException], None]):
     # catcher runs) leaves it for the real answer. The list empties itself: each level a
     # throw resumes gets a PY_THROW, whose rebuild lists again (nothing once no generator
     # is linked in). Per yield, while it is empty: one test (it was ``thrown[0] is
-    # code``, a little dearer). (Shared by all threads: another thread's throw may
-    # replace it, or its yield take an entry, first.)
-    thrown: list = []
+    # code``, a little dearer). Per thread (a thread's throw must not replace another's
+    # list, nor its yield take another's entry): ``{thread ident: list}``, an entry
+    # removed once its list is empty, so a yield looks its thread up only while some
+    # thread's list is not empty.
+    thrown: dict = {}
 
     def on_start(code: CodeType, offset: int):
         try:
@@ -135,7 +139,6 @@ def _callbacks(policy: Policy, tls, on_error: Callable[[BaseException], None]):
             return None
 
     def on_throw(code: CodeType, offset: int, exc: BaseException):
-        nonlocal thrown
         # A throw (gen.throw/close, a task cancellation: never per call) may enter frames
         # CPython linked without events (a delegating ``yield from``/``await`` chain), and
         # the frame thrown into may already be on the shadow stack (a snapshot resynced
@@ -175,8 +178,16 @@ def _callbacks(policy: Policy, tls, on_error: Callable[[BaseException], None]):
             # frame, and, for a throw nested inside a catcher, the outer throw's catcher,
             # whose linked frames this rebuild sees too. (A linked level that resumes
             # later, the level above it having returned, gets a PY_THROW of its own,
-            # which lists again.) So each throw's list replaces the last one.
-            thrown = answerers
+            # which lists again.) So each throw's list replaces the thread's last one.
+            ident = get_ident()
+            if answerers:
+                thrown[ident] = answerers
+                if len(thrown) > 1:  # drop the lists of threads that ended unanswered
+                    alive = sys._current_frames()
+                    for gone in [t for t in list(thrown) if t not in alive]:
+                        thrown.pop(gone, None)
+            else:
+                thrown.pop(ident, None)
         except Exception as err:
             on_error(err)
 
@@ -209,13 +220,14 @@ def _callbacks(policy: Policy, tls, on_error: Callable[[BaseException], None]):
                 top = cell[0]
                 if top is not None and top[0] is code:
                     below = cell[0] = top[1]
-                    if thrown and code in thrown:
-                        suspendable = below is not None and below[0].co_flags & _SUSPENDABLE
-                        if _drop_linked(cell, getframe(1), suspendable):
-                            try:
-                                thrown.remove(code)  # answered (one entry per throw)
-                            except ValueError:  # another thread's yield took it first
-                                pass
+                    if thrown:
+                        mine = thrown.get(get_ident())
+                        if mine and code in mine:
+                            suspendable = below is not None and below[0].co_flags & _SUSPENDABLE
+                            if _drop_linked(cell, getframe(1), suspendable):
+                                mine.remove(code)  # answered (one entry per throw)
+                                if not mine:
+                                    thrown.pop(get_ident(), None)
                     return None
             if not (code.co_filename in tracked_set or decide(code)):
                 return DISABLE

@@ -14,7 +14,7 @@ import pytest
 from stackcheck import Mismatch, check, library_module, real_records, shadow_records
 
 import monstack
-from monstack import _stack
+from monstack import _install, _stack
 
 from conftest import expected_backend as conftest_backend
 
@@ -968,6 +968,102 @@ def test_thrower_snapshot_after_a_nested_throw_inside_the_catcher():
     got, shadow, real = next(g(0, chain))
     assert got == "mid yields after the with"
     assert shadow == real
+
+
+def _throw_caught_in_a_with(in_catcher):
+    """gen.throw() into g(1) > mid > g(0) (the thrower runs g too); mid's ``with`` catches
+    (a snapshot there verifies the linked g(1) node, then ``in_catcher()`` runs) and mid
+    yields. Returns the thrower's (shadow, real) records after the throw."""
+    import contextlib
+
+    class E(Exception):
+        pass
+
+    @contextlib.contextmanager
+    def suppress_e():
+        try:
+            yield
+        except E:
+            monstack.snapshot()  # while the throw runs: the linked nodes are verified
+            in_catcher()
+
+    def mid():
+        with suppress_e():
+            yield from g(0)
+        yield "mid yields after the with"
+
+    def g(depth, target=None):
+        if target is not None:
+            got = target.throw(E)
+            snap = monstack.snapshot(); real = real_records(sys._getframe())  # noqa: E702 (one line)
+            yield got, shadow_records(snap), real
+            return
+        if depth:
+            yield from mid()
+        else:
+            yield 1
+
+    chain = g(1)
+    next(chain)
+    got, shadow, real = next(g(0, chain))
+    assert got == "mid yields after the with"
+    return shadow, real
+
+
+@pytest.mark.skipif(conftest_backend() == "walk", reason="walk backend keeps no stack")
+def test_thrower_snapshot_after_the_catcher_waited_for_another_threads_throw():
+    """The case above in two threads at once: thread A's catcher (a snapshot in it
+    verified A's linked nodes) waits while thread B runs the same throw to its end. B's
+    throw must not replace the codes whose yield answers A's, nor B's yield take A's
+    entry. (The pure-Python callbacks once kept one list for all threads: A's linked
+    node stayed.)"""
+    monstack.install()
+    a_in_catcher, b_done = threading.Event(), threading.Event()
+    out: dict = {}
+
+    def a_waits():
+        a_in_catcher.set()
+        assert b_done.wait(10)
+
+    def run_a():
+        out["a"] = _throw_caught_in_a_with(a_waits)
+
+    def run_b():
+        assert a_in_catcher.wait(10)
+        try:
+            out["b"] = _throw_caught_in_a_with(lambda: None)
+        finally:
+            b_done.set()
+
+    threads = [threading.Thread(target=run_a), threading.Thread(target=run_b)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    assert set(out) == {"a", "b"}
+    for name in "ab":
+        shadow, real = out[name]
+        assert shadow == real, name
+
+
+@pytest.mark.skipif(conftest_backend() != "monitoring", reason="the monitoring backend's PY_THROW callback")
+def test_a_throw_drops_the_answer_lists_of_threads_that_ended():
+    """PY_THROW keeps, per thread, the codes whose yield answers its throw; a thread that
+    ended before its answer came leaves its list, and the next throw that lists codes
+    drops it (else every yield would look its thread up for good)."""
+    monstack.install()
+    mon = sys.monitoring
+    tool = _install._state.backend.tool
+    on_throw = mon.register_callback(tool, mon.events.PY_THROW, None)
+    mon.register_callback(tool, mon.events.PY_THROW, on_throw)
+    thrown = on_throw.__closure__[on_throw.__code__.co_freevars.index("thrown")].cell_contents
+    gone = -1  # no thread has this ident
+    thrown[gone] = [_throw_caught_in_a_with.__code__]
+    shadow, real = _throw_caught_in_a_with(lambda: None)
+    assert shadow == real
+    assert gone not in thrown
+    if not _install._state.backend.native:  # the pure-Python yield that answered took the list out
+        assert thrown == {}
 
 
 @pytest.mark.skipif(conftest_backend() == "walk", reason="walk backend keeps no stack")
