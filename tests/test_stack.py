@@ -932,44 +932,6 @@ def test_snapshot_inside_a_throw_method_when_the_thrower_runs_the_linked_code(va
         assert shadow == real
 
 
-@pytest.mark.skipif(conftest_backend() == "walk", reason="walk backend keeps no stack")
-def test_thrower_snapshot_after_a_nested_throw_inside_the_catcher():
-    import contextlib
-
-    class E(Exception):
-        pass
-
-    @contextlib.contextmanager
-    def suppress_e():
-        try:
-            yield
-        except E:
-            monstack.snapshot()  # while the throw runs: the linked nodes are verified
-
-    def mid():
-        with suppress_e():
-            yield from g(0)
-        yield "mid yields after the with"
-
-    def g(depth, target=None):
-        if target is not None:
-            got = target.throw(E)
-            snap = monstack.snapshot(); real = real_records(sys._getframe())  # noqa: E702 (one line)
-            yield got, shadow_records(snap), real
-            return
-        if depth:
-            yield from mid()
-        else:
-            yield 1
-
-    monstack.install()
-    chain = g(1)  # g(1) > mid > g(0)
-    next(chain)
-    got, shadow, real = next(g(0, chain))
-    assert got == "mid yields after the with"
-    assert shadow == real
-
-
 def _throw_caught_in_a_with(in_catcher):
     """gen.throw() into g(1) > mid > g(0) (the thrower runs g too); mid's ``with`` catches
     (a snapshot there verifies the linked g(1) node, then ``in_catcher()`` runs) and mid
@@ -1008,6 +970,13 @@ def _throw_caught_in_a_with(in_catcher):
     got, shadow, real = next(g(0, chain))
     assert got == "mid yields after the with"
     return shadow, real
+
+
+@pytest.mark.skipif(conftest_backend() == "walk", reason="walk backend keeps no stack")
+def test_thrower_snapshot_after_a_nested_throw_inside_the_catcher():
+    monstack.install()
+    shadow, real = _throw_caught_in_a_with(lambda: None)
+    assert shadow == real
 
 
 @pytest.mark.skipif(conftest_backend() == "walk", reason="walk backend keeps no stack")
