@@ -26,6 +26,9 @@ process's median::
 
     PYTHONPATH=. python3.13 compat/opqueue_cost.py ab 6 25 /tmp/before .
 
+``floor ROUNDS``: pairs for a bare ``sys.monitoring`` tool (not monstack) with global
+events whose callbacks return DISABLE, against no tool (3.12+): CPython's own cost.
+
 ``pairs ROUNDS OPS [--no-worker]``: wall clock, each mode measured back to back with its
 own no-capture run (the bench's ``_paired``), many short runs, each measurement on new
 code objects (``OpQueue.renew``: on 3.12 code once instrumented stays ~1% slower); prints
@@ -123,6 +126,58 @@ def pairs(rounds: int, ops: int, worker: bool) -> None:
               f"  ratio of sums {sum(t for _, t in ps) / sum(b for b, _ in ps):.3f}")
 
 
+def floor(rounds: int) -> None:
+    """Pairs for a bare ``sys.monitoring`` tool, not monstack: global events on a free
+    tool id whose callback returns DISABLE at once (so each code location delivers one
+    event), against no tool. What CPython's instrumentation alone costs the workload."""
+    mon = sys.monitoring
+    E = mon.events
+    tool = next(t for t in (5, 4, 3, 2, 1, 0) if mon.get_tool(t) is None)
+
+    def disable(*args):
+        return mon.DISABLE
+
+    def enter_with(events: tuple):
+        def enter() -> str:
+            mon.use_tool_id(tool, "opqueue-cost-floor")
+            for e in events:
+                mon.register_callback(tool, e, disable)
+            mon.set_events(tool, sum(events))
+            return f"tool {tool}"
+        return enter
+
+    def leave() -> None:
+        if mon.get_tool(tool) is not None:
+            mon.set_events(tool, 0)
+            mon.free_tool_id(tool)
+
+    w, fw, oq = _setup(1800)
+
+    def mode(name: str, enter) -> _bench.Mode:
+        def go():
+            info = enter()
+            oq.configure(False)
+            return info
+        return _bench.Mode(name, go, leave)
+
+    base = mode("no tool", _bench._nothing)
+    modes = [
+        mode("no tool again", _bench._nothing),
+        mode("PY_START", enter_with((E.PY_START,))),
+        mode("PY_START/RESUME/RETURN/YIELD", enter_with((E.PY_START, E.PY_RESUME, E.PY_RETURN, E.PY_YIELD))),
+        mode("CALL", enter_with((E.CALL,))),
+    ]
+    try:
+        out = _bench._paired(oq.run, base, modes, rounds, warm=oq.warm, fresh=oq.renew)
+    finally:
+        oq.close()
+    print(f"CPython {sys.version.split()[0]}, {rounds} pairs of 1800-op runs, a bare tool whose callbacks return DISABLE")
+    for name, ps in out.items():
+        r = sorted(t / b for b, t in ps)
+        q = len(r) // 4
+        print(f"  {name:30s} median {statistics.median(r):.3f} [{r[q]:.2f}-{r[-q - 1]:.2f}]")
+
+
 def _pairs_json(rounds: int, out: str) -> None:
     """One process of ``ab``: installed and snapshotter() pairs, raw ratios to ``out``."""
     import json
@@ -184,6 +239,8 @@ def main(argv=None) -> int:
     j = sub.add_parser("pairs-json")
     j.add_argument("rounds", type=int)
     j.add_argument("out")
+    fl = sub.add_parser("floor")
+    fl.add_argument("rounds", type=int)
     c = sub.add_parser("ab")
     c.add_argument("k", type=int)
     c.add_argument("rounds", type=int)
@@ -193,6 +250,8 @@ def main(argv=None) -> int:
         instructions(a.mode, a.ops)
     elif a.cmd == "pairs-json":
         _pairs_json(a.rounds, a.out)
+    elif a.cmd == "floor":
+        floor(a.rounds)
     elif a.cmd == "ab":
         ab(a.k, a.rounds, a.trees)
     else:

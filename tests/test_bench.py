@@ -14,7 +14,7 @@ import sys
 import pytest
 
 import monstack
-from monstack import _bench
+from monstack import _bench, _env
 
 
 def _tracking_available() -> bool:
@@ -216,6 +216,12 @@ def test_opqueue_cost_script_runs(tmp_path):
     out = subprocess.run([sys.executable, script, "instructions", "snapshotter", "240"],
                          capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 0, out.stderr
+    if _env.HAS_SYSMON:
+        out = subprocess.run([sys.executable, script, "floor", "1"],
+                             capture_output=True, text=True, env=env, timeout=120)
+        assert out.returncode == 0, out.stderr
+        for row in ("no tool again", "PY_START ", "PY_START/RESUME/RETURN/YIELD", "CALL "):
+            assert row in out.stdout
     out = subprocess.run([sys.executable, script, "ab", "1", "1", root, root],
                          capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 0, out.stderr
