@@ -391,6 +391,7 @@ def callbacks(
     getframe = sys._getframe
     is_tracked = policy.is_tracked
     build = _stack.build
+    linked = _stack.linked_suspended
     stats = _stack.STATS
 
     # Slow-path helpers, called from native code (which has no Python frame):
@@ -406,12 +407,13 @@ def callbacks(
         except ValueError:
             return None
 
+    # (frames gen.throw() linked in get unverified nodes, as in _stack.rebuild)
     def seed():
-        tls.cell = [build(caller_of_event(), policy)[0]]
+        tls.cell = [build(caller_of_event(), policy, linked, None, None, True)[0]]
         stats["seed"] += 1
 
     def resync():
-        tls.cell = [build(caller_of_event(), policy)[0]]
+        tls.cell = [build(caller_of_event(), policy, linked, None, None, True)[0]]
         stats["resync"] += 1
 
     global _epoch

@@ -129,6 +129,8 @@ def build(
     policy: "Policy",
     unverified: Optional[Callable[[FrameType], bool]] = None,
     answerers: Optional[list] = None,
+    filled: Optional[list] = None,
+    check_first: bool = False,
 ) -> Tuple[Optional[Node], int]:
     """Nodes for the tracked frames from ``frame`` outwards, built from the real frames.
 
@@ -146,12 +148,24 @@ def build(
     ``answerers`` (with ``unverified``): gets, for each run of such frames, the code of
     the tracked frame just before the run (nearer ``frame``) if it is a generator's or
     coroutine's: the one whose yield may answer the throw that linked the run in.
+
+    ``filled`` (a list, with ``unverified``): gets the top of the same chain with every
+    call site known, for a snapshot (whose records need them), while the returned top,
+    left unverified where ``unverified`` says so, goes to the cell. Both share the nodes
+    below the unverified segment (the same node when there is none).
+
+    ``check_first``: ask ``unverified`` about ``frame`` too (by default it is exempt: a
+    throw's rebuild starts at the frame thrown into, which still sits at its yield). A
+    snapshot's or a resync's rebuild starts at a running frame, or at one that
+    ``gen.throw()`` linked in (a library's snapshot or a frame called from C looked past
+    to it), which must be left unverified as well.
     """
     by_file = policy.tracked_files()
     codes: list = []
     lastis: list = []
     doubtful = -1  # nodes 0..doubtful (from the top) are left unverified
     f = frame
+    exempt = None if check_first else frame
     is_tracked = policy.is_tracked
     while f is not None:
         code = f.f_code  # (_tracked, inlined: this loop runs at every throw)
@@ -159,7 +173,7 @@ def build(
         if decision is None:
             decision = is_tracked(code, f.f_globals.get("__name__"))
         if decision:
-            if unverified is not None and code.co_flags & SUSPENDABLE and f is not frame and unverified(f):
+            if unverified is not None and code.co_flags & SUSPENDABLE and f is not exempt and unverified(f):
                 k = len(codes)
                 if answerers is not None and doubtful != k - 1 and k:
                     prev = codes[-1]
@@ -179,17 +193,51 @@ def build(
         seen = set(codes[: doubtful + 1])
         while doubtful + 1 < n and codes[doubtful + 1] in seen:
             doubtful += 1
-    for i in range(n - 1, -1, -1):
-        site = UNKNOWN if i <= doubtful else lastis[i + 1] if i + 1 < n else 0
-        node = (codes[i], node, site)
+    if n:
+        last = n - 1
+        node = (codes[last], None, UNKNOWN if doubtful == last else 0)
+        for i in range(last - 1, doubtful, -1):
+            node = (codes[i], node, lastis[i + 1])
+        if doubtful >= 0:
+            if filled is not None:  # the same segment, call sites known
+                known = node if doubtful < last else (codes[last], None, 0)
+                for i in range(min(doubtful, last - 1), -1, -1):
+                    known = (codes[i], known, lastis[i + 1])
+                filled.append(known)
+            for i in range(min(doubtful, last - 1), -1, -1):
+                node = (codes[i], node, UNKNOWN)
+        elif filled is not None:
+            filled.append(node)
+    elif filled is not None:
+        filled.append(None)
     return node, (lastis[0] if n else UNKNOWN)
+
+
+#: ``_fill``'s answer when its walk met a frame ``gen.throw()`` linked in.
+LINKED: Node = (None, None, UNKNOWN)  # type: ignore[assignment]
+
+
+def rebuild(frame: Optional[FrameType], policy: "Policy") -> Tuple[Optional[Node], Optional[Node]]:
+    """``(for the cell, for a snapshot)``: the nodes of the tracked frames from ``frame``
+    outwards, built from the real frames, the second with every call site known, the
+    first with the frames ``gen.throw()`` linked in (and all above) left unverified.
+
+    A snapshot taken while a throw runs sees those frames really there; if a library
+    level then yields (no event), they leave with the throw and no event pops their
+    nodes. Left unverified, the next capture through them checks them again, as after
+    the throw's own rebuild. Outside a throw both are the same chain (one Python call per
+    generator or coroutine frame to tell)."""
+    out: list = []
+    top = build(frame, policy, linked_suspended, None, out, True)[0]
+    return top, out[0]
 
 
 def _fill(top: Node, frame: FrameType, policy: "Policy") -> Optional[Node]:
     """Fill the call sites of the unfilled top segment, checking it against the frames.
 
     ``frame`` is the real frame of ``top``. Returns the filled replacement of ``top``,
-    or None when the shadow stack disagrees with the real one.
+    None when the shadow stack disagrees with the real one, or ``LINKED`` (the caller
+    rebuilds, see ``rebuild``) when it met a frame ``gen.throw()`` linked in.
 
     A real frame on the way that ``gen.throw()`` linked in (``linked_suspended``) got no
     event: the node it lines up with may be another frame's of the same code (the
@@ -227,7 +275,7 @@ def _fill(top: Node, frame: FrameType, policy: "Policy") -> Optional[Node]:
         raw = code.co_code  # (linked_suspended(f), inlined; only generator code has that op)
         if raw[lasti] == DELEGATION_OP and (not _RESUME_AFTER_YIELD or raw[lasti + 1] & 2):
             STATS["throw"] += 1
-            return build(frame, policy)[0]
+            return LINKED
         pending.append((node[0], lasti))
         node = parent
     else:
@@ -236,6 +284,11 @@ def _fill(top: Node, frame: FrameType, policy: "Policy") -> Optional[Node]:
     for code, lasti in reversed(pending):
         filled = (code, filled, lasti)
     return filled
+
+
+#: ``TLS.linked`` when there is none: ``(cell top, filled top)`` of the last rebuild
+#: that left frames ``gen.throw()`` linked in unverified (see ``make_capture``).
+_NO_MEMO = (LINKED, None)
 
 
 def make_capture(policy: "Policy"):
@@ -266,8 +319,7 @@ def make_capture(policy: "Policy"):
         except AttributeError:
             cell = tls.cell = [None]
             STATS["seed"] += 1
-            top = build(f, policy)[0]
-            cell[0] = top
+            cell[0], top = rebuild(f, policy)
             return top, (f.f_lasti if f is not None else UNKNOWN)
         top = cell[0]
         if f is None:
@@ -276,16 +328,36 @@ def make_capture(policy: "Policy"):
             return None, UNKNOWN
         if top is None or top[0] is not code:
             STATS["resync"] += 1
-            top = build(f, policy)[0]
-        elif top[2] == UNKNOWN:
-            filled = _fill(top, f, policy)
-            if filled is None:
-                STATS["resync"] += 1
-                filled = build(f, policy)[0]
-            top = filled
-        else:
+        elif top[2] != UNKNOWN:
             return top, f.f_lasti
-        cell[0] = top
+        elif top is getattr(tls, "linked", _NO_MEMO)[0]:
+            # the same frame's snapshot again, nothing pushed since the rebuild below
+            return tls.linked[1], f.f_lasti
+        elif f is not frame and code.co_flags & SUSPENDABLE and linked_suspended(f):
+            # looked past a library to a frame gen.throw() linked in (a library level
+            # the throw resumed, taking a snapshot): _fill checks the frames past f only
+            STATS["throw"] += 1
+        else:
+            filled = _fill(top, f, policy)
+            if filled is LINKED:
+                pass
+            elif filled is not None:
+                cell[0] = filled
+                return filled, f.f_lasti
+            else:
+                STATS["resync"] += 1
+        # rebuilt from the real frames, the linked ones left unverified in the cell
+        cell[0], top = rebuild(f, policy)
+        # While the throw runs, this frame's next snapshots (nothing pushed since: its
+        # node still on top, so the frames below are the same) reuse the filled chain
+        # instead of rebuilding. (Only the snapshotting frame's own node: a linked frame
+        # looked past to leaves without an event, and its node stays.)
+        # (Stored only when it changes: the native callbacks cache the cell by the
+        # version of this thread-local's dict.)
+        if cell[0] is not top and f is frame:
+            tls.linked = (cell[0], top)
+        elif getattr(tls, "linked", _NO_MEMO) is not _NO_MEMO:
+            tls.linked = _NO_MEMO
         return top, f.f_lasti
 
     return capture

@@ -91,6 +91,8 @@ def _callbacks(policy: Policy, tls, on_error: Callable[[BaseException], None]):
             decision = is_tracked(code, getframe(2).f_globals.get("__name__"))
         return decision
 
+    # seed/resync: frames gen.throw() linked in get unverified nodes (see _stack.rebuild:
+    # a throw may be running; the first caller may be such a frame, a throw() method's)
     def seed():
         # Thread not seeded: build from the caller of the frame whose event this is.
         # Frames: 0 seed, 1 callback, 2 the frame of the event, 3 its caller.
@@ -98,7 +100,7 @@ def _callbacks(policy: Policy, tls, on_error: Callable[[BaseException], None]):
             caller = getframe(3)
         except ValueError:  # the event's frame is the thread's first (threading bootstrap)
             caller = None
-        cell = tls.cell = [build(caller, policy)[0]]
+        cell = tls.cell = [build(caller, policy, _linked_suspended, None, None, True)[0]]
         stats["seed"] += 1
         return cell
 
@@ -107,7 +109,7 @@ def _callbacks(policy: Policy, tls, on_error: Callable[[BaseException], None]):
             caller = getframe(3)
         except ValueError:  # the event's frame is the thread's first
             caller = None
-        tls.cell = [build(caller, policy)[0]]
+        tls.cell = [build(caller, policy, _linked_suspended, None, None, True)[0]]
         stats["resync"] += 1
 
     # The codes whose yield may answer a running throw while outer generators are linked

@@ -52,11 +52,11 @@ def faults(monkeypatch):
             raise Injected("injected fault in Policy.is_tracked")
         return real_is_tracked(self, code, module)
 
-    def build(frame, policy):
+    def build(frame, policy, *args):
         if _ARMED["on"] and _from_callback():
             _ARMED["count"] += 1
             raise Injected("injected fault in _stack.build")
-        return real_build(frame, policy)
+        return real_build(frame, policy, *args)
 
     monkeypatch.setattr(Policy, "is_tracked", is_tracked)
     monkeypatch.setattr(_stack, "build", build)

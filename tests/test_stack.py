@@ -1319,13 +1319,7 @@ def lib_mid(inner, callback):
 
 
 @pytest.mark.skipif(conftest_backend() == "walk", reason="walk backend keeps no stack")
-@pytest.mark.parametrize("snap_in_callback", [
-    False,
-    pytest.param(True, marks=pytest.mark.xfail(
-        conftest_backend() == "monitoring", strict=True,
-        reason="known gap (3.12/3.13): a snapshot during the throw verifies the linked nodes, "
-               "and the library level's yield sends no event; see README")),
-])
+@pytest.mark.parametrize("snap_in_callback", [False, True])
 def test_thrower_snapshot_after_a_library_level_resumed_by_the_throw_called_back(tmp_path, snap_in_callback):
     """gen.throw() into g > g > lib_mid > g (one recursive generator, the thrower runs it
     too): the innermost g catches and returns into the library level, which calls a
@@ -1368,6 +1362,103 @@ def test_thrower_snapshot_after_a_library_level_resumed_by_the_throw_called_back
         check("driver after the throw")
         chain.close()
     assert len(calls) == 3
+
+
+_LIB_SNAPPING_DURING_THROW = """
+import sys
+import monstack
+
+def lib_mid(inner, callback):
+    r = yield from inner
+    callback()
+    yield r
+
+def lib_mid_snap(inner, out, real):
+    r = yield from inner
+    out.append((monstack.snapshot(), real(sys._getframe())))
+    yield r
+
+def lib_catch(callback):
+    try:
+        yield 1
+    except Exception:
+        callback()
+        yield "caught"
+"""
+
+
+@pytest.mark.skipif(conftest_backend() == "walk", reason="walk backend keeps no stack")
+@pytest.mark.parametrize("levels", [1, 2])
+@pytest.mark.parametrize("how", [
+    "callback",
+    pytest.param("library-snapshot", marks=pytest.mark.xfail(
+        conftest_backend() == "evalframe", strict=True,
+        reason="known gap (3.11): the library level's own snapshot during the throw shows the "
+               "thrower's node, not the linked levels; see README")),
+    "library-catcher",
+    "under-callers",
+])
+def test_thrower_snapshot_after_a_snapshot_during_the_throw_then_a_library_yield(tmp_path, how, levels):
+    """A snapshot taken while gen.throw() runs, with tracked generator levels (of the
+    thrower's code) linked in, sees them really there; then library code yields the
+    throw's value (no event) and they leave with the throw. The snapshot: in a tracked
+    callback of a library level the catcher returned into (one or two linked levels; the
+    callback snapshots twice from its own frame, once from another, and one call
+    deeper), taken by that library level itself, in the same callback called by a
+    library catcher, or with the thrower under callers of the same code. (3.12/3.13: all
+    failed before, the linked nodes the snapshot verified stayed on the shadow stack.)"""
+    ns = library_module(tmp_path, "snapping_lib", _LIB_SNAPPING_DURING_THROW)
+    monstack.install(exclude=[str(tmp_path)])
+    lib_snaps: list = []
+
+    class E(Exception):
+        pass
+
+    def callback():
+        for _ in range(2):  # the second from the same frame, nothing pushed since the first
+            snap = monstack.snapshot(); real = real_records(sys._getframe())  # noqa: E702 (one line)
+            assert shadow_records(snap) == real
+        check("callback during the throw")
+
+        def deeper():
+            check("one call deeper in the callback")
+
+        deeper()
+
+    def g(depth, target=None, outer=0):
+        if outer:
+            return (yield from g(depth, target, outer - 1))
+        if target is not None:
+            got = target.throw(E)
+            snap = monstack.snapshot(); real = real_records(sys._getframe())  # noqa: E702 (one line)
+            yield got, shadow_records(snap), real
+            return
+        if how == "library-catcher":
+            if depth:
+                return (yield from g(depth - 1))
+            return (yield from ns["lib_catch"](callback))
+        if depth == 1:
+            if how == "library-snapshot":
+                return (yield from ns["lib_mid_snap"](g(0), lib_snaps, real_records))
+            return (yield from ns["lib_mid"](g(0), callback))
+        if depth:
+            return (yield from g(depth - 1))
+        try:
+            yield 1
+        except E:
+            return "caught"
+
+    for _ in range(3):
+        chain = g(levels)
+        assert next(chain) == 1
+        got, shadow, real = next(g(0, chain, 2 if how == "under-callers" else 0))
+        assert got == "caught"
+        assert shadow == real
+        check("driver after the throw")
+        chain.close()
+    assert len(lib_snaps) == (3 if how == "library-snapshot" else 0)
+    for snap, real in lib_snaps:  # from the nearest tracked frame: the innermost linked level
+        assert shadow_records(snap) == real
 
 
 @pytest.mark.skipif(conftest_backend() == "walk", reason="walk backend keeps no stack")
