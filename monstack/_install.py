@@ -11,7 +11,7 @@ import threading
 import warnings
 from typing import Any, Callable, Optional, Sequence
 
-from . import _backend, _propagate
+from . import _backend, _propagate, _stack
 from ._policy import Policy, make_policy
 from ._snapshot import CURRENT_ORIGIN, Snapshot
 
@@ -241,13 +241,40 @@ def snapshot() -> Snapshot:
                     return _tuple_new(Snapshot, (top, f.f_lasti, None, None, 0))
                 return _new_snapshot(top, f.f_lasti, origin)
     state = _state
+    backend = state.backend if state is not None else _walker()
     try:
-        node, lasti = (state.backend if state is not None else _walker()).capture(frame)
+        try:
+            node, lasti = backend.capture(frame)
+        except RecursionError:
+            # The caller is near the recursion limit (no fault of ours): again, from a
+            # fresh stack, with room for monstack's own few calls (the limit is raised
+            # for the capture and put back; inline: a helper's call may not fit).
+            try:
+                del _stack.TLS.cell
+            except AttributeError:
+                pass
+            _stack.STATS["recursion"] += 1
+            limit = sys.getrecursionlimit()
+            sys.setrecursionlimit(limit + 200)
+            try:
+                node, lasti = backend.capture(frame)
+            finally:
+                sys.setrecursionlimit(limit)
     except Exception as exc:
         if state is not None:
             _on_internal_error(exc)
         node, lasti = _walker().capture(frame)
     return _new_snapshot(node, lasti, _get_origin())
+
+
+def _forget_thread_stack() -> None:
+    """After a RecursionError inside monstack: drop this thread's shadow stack (no
+    Python calls: the thread may still be at its limit)."""
+    try:
+        del _stack.TLS.cell
+    except Exception:
+        pass
+    _stack.STATS["recursion"] += 1
 
 
 def snapshotter() -> Callable[[], Snapshot]:
@@ -284,7 +311,15 @@ def _warn(message: str) -> None:
 
 
 def _on_internal_error(exc: BaseException) -> None:
-    """A callback failed: say so once, then turn tracking off cleanly."""
+    """A callback failed: say so once, then turn tracking off cleanly.
+
+    Except a ``RecursionError``: the thread is at its recursion limit, where any Python
+    call fails, monstack's included; that is no fault of monstack's. The event it missed
+    may have left this thread's shadow stack wrong, so the stack is forgotten (the next
+    event or snapshot rebuilds it from the real frames) and tracking stays on."""
+    if isinstance(exc, RecursionError):
+        _forget_thread_stack()
+        return
     global _failure_reported
     try:  # off first: the warnings machinery runs Python code that would fail again
         uninstall()

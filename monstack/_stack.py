@@ -78,7 +78,9 @@ TLS = _thread._local()
 #: How often a thread's stack was seeded from / rebuilt after disagreeing with the real
 #: frames ("resync": the slow path; tests assert ordinary code never needs one) / rebuilt
 #: because a throw entered a generator ("throw": by design, see ``_sysmon.on_throw``).
-STATS = {"seed": 0, "resync": 0, "throw": 0}
+#: ``recursion``: threads' stacks forgotten because a callback or a snapshot ran into the
+#: recursion limit (see ``_install._on_internal_error``).
+STATS = {"seed": 0, "resync": 0, "throw": 0, "recursion": 0}
 
 
 def reset_tls() -> None:

@@ -28,7 +28,7 @@ class Injected(RuntimeError):
     """The fault this module injects."""
 
 
-_ARMED: dict = {"on": False, "count": 0, "file": None}
+_ARMED: dict = {"on": False, "count": 0, "file": None, "exc": None}
 
 
 #: Files whose functions run inside monstack's tracking hooks.
@@ -49,13 +49,13 @@ def faults(monkeypatch):
     def is_tracked(self, code, module=None):
         if _ARMED["on"] and code.co_filename == _ARMED["file"] and _from_callback():
             _ARMED["count"] += 1
-            raise Injected("injected fault in Policy.is_tracked")
+            raise (_ARMED["exc"] or Injected)("injected fault in Policy.is_tracked")
         return real_is_tracked(self, code, module)
 
     def build(frame, policy, *args):
         if _ARMED["on"] and _from_callback():
             _ARMED["count"] += 1
-            raise Injected("injected fault in _stack.build")
+            raise (_ARMED["exc"] or Injected)("injected fault in _stack.build")
         return real_build(frame, policy, *args)
 
     monkeypatch.setattr(Policy, "is_tracked", is_tracked)
@@ -65,10 +65,12 @@ def faults(monkeypatch):
 
     class Control:
         @staticmethod
-        def arm(file=None):
-            """Fail every build() called by a callback, and is_tracked() for ``file``."""
+        def arm(file=None, exc=None):
+            """Fail every build() called by a callback, and is_tracked() for ``file``
+            (raising ``exc``, by default ``Injected``)."""
             _ARMED["count"] = 0
             _ARMED["file"] = file
+            _ARMED["exc"] = exc
             _ARMED["on"] = True
 
         @staticmethod
@@ -138,6 +140,68 @@ def test_fault_in_first_event_decision(faults, tmp_path):
     assert faults.fired() >= 1
     assert len(monstack_warnings(rec)) == 1
     assert_cleanly_off(tool)
+
+
+@needs_sysmon
+def test_recursion_error_in_a_callback_keeps_tracking_on(faults, tmp_path):
+    """A RecursionError inside a callback means the thread is at its recursion limit,
+    not that monstack is broken: no warning, tracking stays on, the thread's stack is
+    forgotten and rebuilt from the real frames."""
+    ns = fresh_module(tmp_path, "recursion_start", "def f(x):\n    check()\n    return x + 1\n")
+    installed_tool()
+    before = _stack.STATS["recursion"]
+    faults.arm(ns["__file__"], RecursionError)
+    try:
+        assert ns["f"](1) == 2  # PY_START of an undecided file: the decision raises
+    finally:
+        faults.disarm()
+    assert faults.fired() >= 1
+    assert _stack.STATS["recursion"] > before
+    assert monstack.active_backend() == "monitoring"
+    assert ns["f"](2) == 3  # tracked again, the stack right (check() compares it)
+    check()
+
+
+def test_snapshots_at_the_recursion_limit_keep_tracking_on():
+    """A program recursing into its limit asks where it is on the way back up (what an
+    error reporter does). monstack stays on; snapshot() may raise RecursionError only at
+    the limit itself, where any call fails; afterwards the stack is right."""
+    backend = monstack.install()
+    limit = sys.getrecursionlimit()
+
+    def snap_here():
+        try:
+            monstack.snapshot()
+        except RecursionError:
+            pass
+
+    def rec(i, every):
+        try:
+            rec(i + 1, every)
+        except RecursionError:
+            if i % every == 0:
+                snap_here()
+            raise
+
+    for every in (1, 2, 3, 5):
+        for room in (100, 101, 102):
+            sys.setrecursionlimit(len(real_stack()) + room)
+            try:
+                rec(0, every)
+            except RecursionError:
+                pass
+            finally:
+                sys.setrecursionlimit(limit)
+            assert monstack.active_backend() == backend, (every, room)
+            check()
+
+
+def real_stack() -> list:
+    f, out = sys._getframe(1), []
+    while f is not None:
+        out.append(f)
+        f = f.f_back
+    return out
 
 
 @pytest.mark.skipif(expected_backend() != "evalframe", reason="the 3.11 evalframe backend")

@@ -1502,3 +1502,30 @@ def test_thrower_snapshot_after_a_coroutine_catcher_returned_into_a_middle_level
         check("driver after the throw")
         thrower.close()
         chain.close()
+
+
+@pytest.mark.skipif(conftest_backend() == "walk", reason="walk backend keeps no stack")
+@pytest.mark.parametrize("program", ["finalizer_in_policy", "finalizer_in_reinstall"])
+def test_finalizers_run_inside_monstack_machinery(program):
+    """A collection that runs user finalizers inside monstack's own code (a policy
+    decision, install()/uninstall()), where no events reach the backend: the snapshots
+    the finalizers take must match the real frames. Known gap (README, "Finalizers run
+    by the GC inside monstack"): 3.11 for the decision, the native callbacks for
+    reinstall; a strict expected failure there, checked imperatively (the program says
+    which callbacks ran)."""
+    import subprocess
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    script = os.path.join(root, "tests", "programs", program + ".py")
+    env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    out = subprocess.run([sys.executable, script], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    first = out.stdout.splitlines()[0]
+    mismatches = int(out.stdout.split("mismatches:")[1].split()[0])
+    known_gap = (program == "finalizer_in_policy" and "evalframe" in first) or (
+        program == "finalizer_in_reinstall" and first.endswith(" native"))
+    if known_gap:
+        if mismatches:
+            pytest.xfail(f"known gap, see README: {mismatches} stale snapshots ({first})")
+        pytest.fail(f"the known gap no longer shows ({first}): update the test and the README")
+    assert mismatches == 0, out.stdout

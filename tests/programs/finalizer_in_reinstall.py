@@ -1,0 +1,103 @@
+"""An abandoned generator chain whose finalization (GeneratorExit, ``finally:`` blocks
+running user code that snapshots) happens inside monstack.uninstall()/install(): the
+cyclic GC fires in monstack's own code, where no events reach the backend. Snapshots
+taken by that code are stale afterwards. Found by a fuzzer; run by tests/test_stack.py
+(test_finalizers_run_inside_monstack_machinery). Prints "mismatches: N".
+"""
+import gc
+import sys
+import warnings
+
+import monstack
+from monstack._install import current_policy
+
+warnings.simplefilter("always")
+
+
+def real_records(f):
+    policy = current_policy()
+    out = []
+    while f is not None:
+        if policy.is_tracked(f.f_code, f.f_globals.get("__name__")):
+            out.append((f.f_code.co_name, f.f_lineno))
+        f = f.f_back
+    return out[::-1]
+
+
+bad = []
+
+
+def check():
+    snap, real = monstack.snapshot(), real_records(sys._getframe())
+    got = [(r[2], r[1]) for r in snap.records()]
+    if got != real:
+        bad.append((got, real))
+
+
+class E0(Exception): pass
+class E1(Exception): pass
+class E2(Exception): pass
+
+
+def reinstall():
+    monstack.uninstall()
+    monstack.install()
+    check()
+
+
+def abandon(gen, k):
+    for _ in range(k):
+        try:
+            next(gen)
+        except (E0, E1, E2, RuntimeError, StopIteration):
+            return
+
+
+def f0(n):
+    try:
+        abandon(g2(n), 2)
+    finally:
+        [check() for _ in range(2)]
+
+
+def g2(n):
+    try:
+        try:
+            yield n
+            if n % 2 == 0:
+                raise StopIteration
+        except (E0, E1, E2, RuntimeError, StopIteration):
+            try:
+                yield n
+            except* E1:
+                check()
+        finally:
+            try:
+                {k: check() for k in range(2)}
+                [[check() for _ in range(1)] for _ in range(2)]
+                if n > 0:
+                    yield from g2(n - 1)
+            except E1:
+                check()
+    except Exception:
+        check()
+
+
+def main():
+    gc.set_threshold(50)
+    for k in range(4):
+        try:
+            f0(k)
+        except (E0, E1, E2, RuntimeError):
+            check()
+        reinstall()
+    gc.set_threshold(700)
+
+
+monstack.install()
+print(sys.version.split()[0], monstack.active_backend(), monstack.status().get("accelerator", "-"))
+main()
+print("mismatches:", len(bad))
+for got, real in bad[:2]:
+    print("  got ", got)
+    print("  real", real)
