@@ -9,29 +9,9 @@ import sys
 import warnings
 
 import monstack
-from monstack._install import current_policy
+from mismatch import bad, check
 
 warnings.simplefilter("always")
-
-
-def real_records(f):
-    policy = current_policy()
-    out = []
-    while f is not None:
-        if policy.is_tracked(f.f_code, f.f_globals.get("__name__")):
-            out.append((f.f_code.co_name, f.f_lineno))
-        f = f.f_back
-    return out[::-1]
-
-
-bad = []
-
-
-def check():
-    snap, real = monstack.snapshot(), real_records(sys._getframe())
-    got = [(r[2], r[1]) for r in snap.records()]
-    if got != real:
-        bad.append((got, real))
 
 
 class E0(Exception): pass
