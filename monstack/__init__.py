@@ -1,14 +1,8 @@
 """monstack: per-thread shadow stacks, O(1) snapshots, and where failed work came from."""
 
-from ._install import (
-    MonstackWarning,
-    active_backend,
-    install,
-    snapshot,
-    snapshotter,
-    status,
-    uninstall,
-)
+from ._capture import active_backend, snapshot, snapshotter, status
+from ._errors import MonstackWarning
+from ._install import install, uninstall
 from ._origin import (
     attach,
     current_origin,
@@ -18,7 +12,7 @@ from ._origin import (
     print_exception,
     wrap,
 )
-from ._propagate import PROPAGATION_POINTS
+from ._settings import PROPAGATION_POINTS
 from ._snapshot import Snapshot
 from ._startup import install_from_env
 

@@ -9,7 +9,7 @@ from typing import Optional, Sequence
 
 def _info(args: argparse.Namespace) -> int:
     import monstack
-    from monstack import _backend, _env
+    from monstack import _env, _select
 
     w = sys.stdout.write
     w(f"monstack {monstack.__version__}\n")
@@ -24,7 +24,7 @@ def _info(args: argparse.Namespace) -> int:
     w(f"backend: {status.get('backend')}\n")
     if status.get("reason"):
         w(f"chosen because: {status['reason']}\n")
-    for name, why_not in _backend.reasons().items():
+    for name, why_not in _select.reasons().items():
         w(f"  {name:10s} {'available' if why_not is None else 'unavailable: ' + why_not}\n")
     for key, value in status.items():
         if key not in ("backend", "reason"):

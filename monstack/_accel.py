@@ -373,8 +373,8 @@ def callbacks(
     policy: Any,
     tls: Any,
     on_error: Callable[[BaseException], None],
+    py_callbacks: Callable,
     native_throw: bool = False,
-    py_callbacks: Optional[Callable] = None,
 ) -> dict:
     """The six sys.monitoring callbacks as ``{event: callable}``, native except PY_THROW.
 
@@ -382,7 +382,7 @@ def callbacks(
     ``_native.NativeUnavailable`` when ``available()`` is false. PY_THROW stays the
     pure-Python callback unless ``native_throw`` (the native one implements today's
     Python rule; tests run both). ``py_callbacks``: the pure-Python factory it comes
-    from (default ``_sysmon._callbacks``).
+    from (``_sysmon._callbacks``, passed in: this module sits below ``_sysmon``).
     """
     new_state = _fn("new_state")
     blob = _blob
@@ -435,10 +435,6 @@ def callbacks(
         # PY_THROW (a throw into a generator or coroutine: rare, never per call) keeps the
         # pure-Python callback itself, so its repair rules for delegating generators
         # are the Python ones by construction. It shares TLS.cell with the native ones.
-        if py_callbacks is None:
-            from . import _sysmon
-
-            py_callbacks = _sysmon._callbacks
         on_throw = py_callbacks(policy, tls, on_error)[mon.events.PY_THROW]
     on_return = fn(blob, "ms_on_return", "monstack_on_return", self_obj=state)
     on_yield = fn(blob, "ms_on_yield", "monstack_on_yield", self_obj=state)
@@ -477,7 +473,9 @@ class _Plain(tuple):
 _PLAIN = _Plain()
 
 
-def snapshot_new(callback: Any, cls: Any = None, origin_var: Any = None) -> Optional[Callable[[], Any]]:
+def snapshot_new(
+    callback: Any, fallback: Callable[[], Any], cls: Any = None, origin_var: Any = None
+) -> Optional[Callable[[], Any]]:
     """The whole O(1) case of ``monstack.snapshot()``, natively, or None if unusable.
 
     Returns a no-argument callable, to be called from inside ``snapshot()`` itself:
@@ -485,7 +483,8 @@ def snapshot_new(callback: Any, cls: Any = None, origin_var: Any = None) -> Opti
     (top node = the caller's code, call site known; no origin, or an origin whose chain
     is not due to be shortened), else None (take the Python path). Before handing it
     out, checks that what it builds equals ``Snapshot._new(top, lasti, origin)``; returns
-    None if the Snapshot layout changed.
+    None if the Snapshot layout changed. ``fallback`` (``monstack.snapshot``) answers
+    whatever the native case does not cover.
     """
     from ._snapshot import CURRENT_ORIGIN, Snapshot
 
@@ -509,11 +508,9 @@ def snapshot_new(callback: Any, cls: Any = None, origin_var: Any = None) -> Opti
             return None
     except Exception:
         return None
-    from ._install import snapshot
-
     state = callback.__self__
     _native.cached_function(_blob, "ms_snapshot_setup", "snapshot_setup", self_obj=state)(
-        cls, origin_var, snapshot, _PLAIN, _snapshot._SHORTEN_CELL)
+        cls, origin_var, fallback, _PLAIN, _snapshot._SHORTEN_CELL)
     return _native.cached_function(_blob, "ms_snapshot_new", "snapshot_new", self_obj=state)
 
 

@@ -1,93 +1,77 @@
-"""Choosing a backend, in one place, with the reasons recorded.
+"""The backend contract: what ``install()`` needs from whatever keeps the stacks.
 
-A backend is a small class:
+A backend keeps (or, for ``walk``, computes on demand) the shadow stack of every thread
+and answers one question fast: the node of the innermost tracked frame of a thread, and
+that frame's instruction offset. ``_select`` chooses one; ``_install`` drives it; the
+backends themselves (``_sysmon``, ``_evalframe``, ``_walk``) import only the layers below
+(facts, settings, the stack core, the native loader): they reach back up only through
+the :class:`Host` they are given.
 
-- ``name`` (``"monitoring"``, ``"evalframe"``, ``"walk"``), ``tracking`` (keeps stacks?)
-- ``unavailable() -> str | None`` (static): why it cannot run here, or None;
-- ``__init__(policy, on_error)``, ``start()``, ``stop()``;
-- ``capture(frame) -> (node, lasti)``: the snapshot of ``frame``'s thread;
-- ``describe() -> dict[str, str]``: extra lines for ``python -m monstack info``.
-
-``auto`` takes the first available of ``monitoring`` (3.12+), ``evalframe`` (3.11),
-then ``walk``.
+Every backend follows one convention for "can this run here": ``unavailable()`` returns
+None (it can) or the reason it cannot, as a sentence for ``python -m monstack info``.
 """
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, NamedTuple, Optional, Protocol
 
-from . import _env
+if TYPE_CHECKING:  # typing only: nothing here is imported at run time
+    from types import FrameType
 
-BACKEND_CHOICES = ("auto", "monitoring", "evalframe", "walk")
-AUTO_ORDER = ("monitoring", "evalframe", "walk")
-
-
-def backend_class(name: str) -> Any:
-    if name == "monitoring":
-        from ._sysmon import MonitoringBackend
-
-        return MonitoringBackend
-    if name == "evalframe":
-        try:
-            from ._evalframe import EvalFrameBackend
-        except ImportError as exc:  # the module is optional while it is being built
-            return _missing("evalframe", f"not available in this build ({exc})")
-        return EvalFrameBackend
-    if name == "walk":
-        from ._walk import WalkBackend
-
-        return WalkBackend
-    raise ValueError(f"unknown backend {name!r}; valid choices: " + ", ".join(repr(c) for c in BACKEND_CHOICES))
+    from ._policy import Policy
+    from ._snapshot import Snapshot
 
 
-def _missing(name: str, reason: str) -> Any:
-    class Missing:
-        tracking = True
+class Host(NamedTuple):
+    """What a backend may call back into (provided by ``_install``)."""
 
-        @staticmethod
-        def unavailable() -> Optional[str]:
-            return reason
-
-    Missing.name = name  # type: ignore[attr-defined]
-    return Missing
-
-
-def check_choice(requested: Optional[str]) -> str:
-    if requested is None:
-        requested = _env.env_backend() or "auto"
-        where = f"{_env.BACKEND_ENV}={requested!r}"
-    else:
-        where = f"backend={requested!r}"
-    if not isinstance(requested, str) or requested.lower() not in BACKEND_CHOICES:
-        raise ValueError(f"{where} is not a backend; valid choices: " + ", ".join(repr(c) for c in BACKEND_CHOICES))
-    return requested.lower()
+    #: A callback or capture failed: report it once and turn tracking off cleanly.
+    on_error: Callable[[BaseException], None]
+    #: The shadow stack can no longer be trusted (another tool replaced the eval_frame
+    #: function, or a policy callback failed): ``snapshot()`` stops taking fast paths
+    #: until the next install, so every capture reaches ``Backend.capture``.
+    distrust: Callable[[], None]
+    #: ``monstack.snapshot``: where a native snapshot path sends what it does not cover.
+    snapshot: Callable[[], "Snapshot"]
 
 
-def reasons() -> dict[str, Optional[str]]:
-    """For each backend: None if it can run here, else why not."""
-    return {name: backend_class(name).unavailable() for name in AUTO_ORDER}
+class Backend(Protocol):
+    """One way of keeping stacks. Constructed as ``cls(policy, host, accelerator=...)``."""
 
+    #: ``"monitoring"``, ``"evalframe"`` or ``"walk"``.
+    name: ClassVar[str]
+    #: Keeps shadow stacks (True) or walks the real frames at each capture (False).
+    tracking: ClassVar[bool]
 
-def choose(requested: Optional[str]) -> tuple[Any, str]:
-    """The backend class to use and the reason it was chosen.
+    #: Optional native fast paths, None where the backend has none (or retired them):
+    #: the whole O(1) case of ``snapshot()`` (called from inside it: returns the finished
+    #: Snapshot of snapshot()'s caller, or None to take the Python path) ...
+    snapshot_native: Optional[Callable[[], Optional["Snapshot"]]]
+    #: ... and ``snapshotter()``'s function (the Snapshot of its own caller).
+    capture_native: Optional[Callable[[], "Snapshot"]]
 
-    An explicitly requested backend that cannot run raises RuntimeError with the reason.
-    """
-    choice = check_choice(requested)
-    if choice != "auto":
-        cls = backend_class(choice)
-        why_not = cls.unavailable()
-        if why_not:
-            raise RuntimeError(f"backend {choice!r} cannot run here: {why_not}")
-        return cls, f"requested ({choice})"
-    skipped = []
-    for name in AUTO_ORDER:
-        cls = backend_class(name)
-        why_not = cls.unavailable()
-        if why_not is None:
-            why = "first available of " + ", ".join(AUTO_ORDER)
-            if skipped:
-                why += " (" + "; ".join(skipped) + ")"
-            return cls, why
-        skipped.append(f"{name}: {why_not}")
-    raise AssertionError("the walk backend is always available")  # pragma: no cover
+    @staticmethod
+    def unavailable() -> Optional[str]:
+        """None if this backend can run in this process, else why not (one sentence)."""
+
+    def __init__(self, policy: "Policy", host: Host, accelerator: Optional[bool] = None) -> None:
+        """``accelerator``: None = native code where it can run (unless the environment
+        turns it off), True = require it (``start()`` raises otherwise), False = pure
+        Python. Backends without such a choice ignore it."""
+
+    def start(self) -> None:
+        """Begin tracking; raises (RuntimeError with the reason) if it cannot."""
+
+    def stop(self) -> None:
+        """Undo ``start()``; idempotent."""
+
+    def capture(self, frame: Optional["FrameType"]) -> tuple[Any, int]:
+        """``(node, lasti)`` for ``frame``'s thread: the shadow stack's top node when it is
+        ``frame``'s (rebuilding it from the real frames otherwise), and ``frame``'s offset."""
+
+    def retire_fast(self) -> None:
+        """Drop the native fast paths (``snapshot_native``/``capture_native`` become None);
+        functions already handed out keep working through ``monstack.snapshot``."""
+
+    def describe(self) -> dict[str, str]:
+        """Extra lines for ``python -m monstack info``."""

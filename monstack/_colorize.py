@@ -10,6 +10,8 @@ import os
 import sys
 from typing import IO, Optional
 
+from ._settings import env_color
+
 
 class ANSI:
     RESET = "\x1b[0m"
@@ -51,8 +53,6 @@ def can_colorize(file: Optional[IO[str]] = None) -> bool:
 def resolve(color: Optional[bool], file: Optional[IO[str]] = None) -> bool:
     """``color`` if given, else ``MONSTACK_COLOR`` if set, else :func:`can_colorize`."""
     if color is None:
-        from ._startup import env_color
-
         forced = env_color()
         return can_colorize(file) if forced is None else forced
     return bool(color)

@@ -6,7 +6,6 @@ reasons a backend is (not) available can be listed by ``python -m monstack info`
 
 from __future__ import annotations
 
-import os
 import platform
 import sys
 import sysconfig
@@ -27,16 +26,6 @@ MACHINE: str = {"amd64": "x86_64", "arm64": "aarch64"}.get(
 )
 LINUX: bool = sys.platform.startswith("linux")
 POINTER_BITS: int = 64 if sys.maxsize > 2**32 else 32
-
-#: The environment variable that selects a backend (``auto``, ``monitoring``, ``evalframe``, ``walk``).
-BACKEND_ENV = "MONSTACK_BACKEND"
-
-
-def env_backend() -> str | None:
-    """The backend named in ``MONSTACK_BACKEND``, or None when unset/empty."""
-    value = os.environ.get(BACKEND_ENV, "").strip().lower()
-    return value or None
-
 
 def sha256_hex(data: bytes) -> str:
     """sha256 of ``data`` with CPython's built-in implementation when there is one

@@ -28,10 +28,12 @@ import json
 import os
 import sys
 import threading
-from types import CodeType
+from types import CodeType, FrameType
 from typing import Any, Callable, Dict, List, Optional
 
 from . import _env, _stack
+from ._backend import Host
+from ._errors import warn
 from ._policy import Policy
 
 NATIVE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_native")
@@ -584,7 +586,7 @@ def _at_exit() -> None:
         _set_eval(nat, nat.default)
 
 
-def _make_decide(policy: Policy, errors: list) -> Callable[[CodeType, Any], Optional[bool]]:
+def _make_decide(policy: Policy, errors: list, distrust: Callable[[], None]) -> Callable[[CodeType, Any], Optional[bool]]:
     """The policy callback the shim calls once per (code object, install).
 
     Runs with ``tstate->tracing`` raised: nothing it runs is tracked. An Exception is
@@ -594,7 +596,6 @@ def _make_decide(policy: Policy, errors: list) -> Callable[[CodeType, Any], Opti
     that was starting raise it, which is where CPython would have raised it.
     """
     is_tracked = policy.is_tracked
-    from . import _install
 
     def decide(code: CodeType, globals: Any) -> Optional[bool]:
         try:
@@ -603,7 +604,7 @@ def _make_decide(policy: Policy, errors: list) -> Callable[[CodeType, Any], Opti
         except Exception as exc:  # reported from capture(), outside the shim
             if not errors:  # one is enough to report; never pile up exceptions (and their tracebacks)
                 errors.append(exc.with_traceback(None))
-            _install.disable_fast_path()  # so that the next snapshot reaches capture()
+            distrust()  # so that the next snapshot reaches capture()
             return None
 
     return decide
@@ -625,9 +626,15 @@ class EvalFrameBackend:
             return nat.reason
         return _foreign_reason(nat)
 
-    def __init__(self, policy: Policy, on_error: Callable[[BaseException], None]) -> None:
+    #: The shim has no native snapshot path (yet): snapshot() takes its Python fast path.
+    snapshot_native = None
+    capture_native = None
+
+    def __init__(self, policy: Policy, host: Host, accelerator: Optional[bool] = None) -> None:
+        """``accelerator`` is ignored: this backend is the native shim or nothing."""
         self.policy = policy
-        self.on_error = on_error
+        self.host = host
+        self.on_error = host.on_error
         self._nat: Optional[_Native] = None
         self._keep: tuple = ()
         self._errors: list = []
@@ -646,7 +653,7 @@ class EvalFrameBackend:
         _stack.reset_tls()
         tls = _stack.TLS
         key, dummy_type, off_localdict = _find_tls_key(tls)
-        decide = _make_decide(self.policy, self._errors)
+        decide = _make_decide(self.policy, self._errors, self.host.distrust)
         cell = sys.intern("cell")
         self._keep = (tls, key, dummy_type, decide, cell)
         blob.put_i64(f["enabled"], 0)
@@ -695,7 +702,10 @@ class EvalFrameBackend:
         # else: somebody replaced us; leave their function alone (ours is now inert)
         _stack.reset_tls()
 
-    def capture(self, frame):
+    def retire_fast(self) -> None:
+        pass  # no native snapshot path to retire
+
+    def capture(self, frame: Optional[FrameType]) -> tuple[Any, int]:
         view = self._eval_view
         if view is not None and view.value != self._nat.entry:  # type: ignore[union-attr]
             return self._replaced(frame)
@@ -708,12 +718,10 @@ class EvalFrameBackend:
         if not self._warned:
             self._warned = True
             self._replaced_by = self._eval_view.value or 0  # type: ignore[union-attr]
-            from . import _install
-
             # snapshot()'s inline fast path trusts the shadow stack: turn it off for
             # this install (it comes back with the next install)
-            _install.disable_fast_path()
-            _install._warn(
+            self.host.distrust()
+            warn(
                 "monstack: another tool replaced monstack's eval_frame function "
                 f"({self._replaced_by:#x}); snapshots now walk the real frames (slower). "
                 "Call monstack.uninstall()/install() after that tool is done."

@@ -122,10 +122,8 @@ def format_origin(snap, color: bool = False, limit: Optional[int] = None, frame_
     """Lines for the chain that starts at ``snap`` (where the work was created), newest hop
     first, at most ``limit`` hops (default: the installed ``chain_limit``), then how many
     older hops were dropped."""
-    from ._snapshot import CHAIN_LIMIT
-
     if limit is None:
-        limit = CHAIN_LIMIT
+        limit = snap._chain_limit()
     limit = max(1, limit)
     older, dropped = snap.chain(limit - 1)
     out: list[str] = []

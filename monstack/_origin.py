@@ -17,8 +17,7 @@ import sys
 import weakref
 from typing import IO, Any, Callable, Optional, TypeVar
 
-from . import _format
-from . import _install as _inst  # partially initialised during package import: use lazily
+from . import _capture, _format
 from ._colorize import resolve
 from ._snapshot import CURRENT_ORIGIN, Snapshot
 
@@ -35,7 +34,7 @@ _SIDE: dict[int, tuple] = {}
 
 def _snap() -> Snapshot:
     """A snapshot of the nearest tracked caller (monstack's own frames are never tracked)."""
-    return _inst.snapshot()
+    return _capture.snapshot()
 
 
 class _WithOrigin:

@@ -19,7 +19,7 @@ import sysconfig
 from types import CodeType
 from typing import Iterable, Sequence
 
-TRACK_CHOICES = ("user", "all")
+from ._settings import TRACK_CHOICES
 
 _MONSTACK_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 

@@ -41,19 +41,10 @@ import threading
 from typing import Any, Callable, Optional
 
 from . import _snapshot
+from ._errors import warn
 from ._origin import _attach_if_absent, _drop_own_entry, _snap, _WithOrigin
+from ._settings import PROPAGATION_POINTS
 from ._snapshot import CURRENT_ORIGIN
-
-#: Every propagation point install() knows.
-PROPAGATION_POINTS: tuple[str, ...] = (
-    "threading",
-    "thread_pool",
-    "process_pool",
-    "asyncio_tasks",
-    "asyncio_executor",
-    "process",
-    "mp_pool",
-)
 
 #: Points switched on now (read by the replacements on every call).
 _ON: set = set()
@@ -603,10 +594,8 @@ def _patch_failed(name: str, exc: BaseException) -> None:
     on stderr where warnings are errors: never an exception inside their import)."""
     FAILED[name] = f"{type(exc).__name__}: {exc}"
     try:
-        from . import _install
-
-        _install._warn(f"monstack: could not patch propagation point {name!r} ({FAILED[name]}); "
-                       "work it creates gets no origin")
+        warn(f"monstack: could not patch propagation point {name!r} ({FAILED[name]}); "
+             "work it creates gets no origin")
     except Exception:
         pass
 

@@ -19,7 +19,7 @@ import sys
 from types import TracebackType
 from typing import Optional, Sequence
 
-from . import _startup
+from . import _settings, _startup
 
 PROG = "python -m monstack run"
 USAGE = f"{PROG} [options] (script.py | -m module) [args ...]"
@@ -35,7 +35,7 @@ def _parser() -> argparse.ArgumentParser:
         epilog="Options after the script or module name go to the program. "
         "Each option sets the MONSTACK_* variable of the same name for this process and its children.",
     )
-    for setting in _startup.SETTINGS:
+    for setting in _settings.SETTINGS:
         if setting.flag is None:
             continue
         parser.add_argument(
@@ -93,14 +93,14 @@ def split_argv(argv: Sequence[str], parser: Optional[argparse.ArgumentParser] = 
 def configure(options: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, str]:
     """Validate the options with the same rules as the variables; -> variable: text."""
     values: dict[str, str] = {}
-    for setting in _startup.SETTINGS:
+    for setting in _settings.SETTINGS:
         given = getattr(options, setting.var, None) if setting.flag else None
         if given is None:
             continue
         text = ",".join(given) if isinstance(given, list) else given
         try:
             setting.parse(text)
-        except _startup.BadValue as exc:
+        except _settings.BadValue as exc:
             parser.error(f"{setting.flag} {text!r}: valid values: {exc.valid}")
         values[setting.var] = text
     return values
@@ -126,7 +126,7 @@ def pth_active() -> bool:
 def child_environment(values: dict[str, str], environ: Optional[dict] = None) -> None:
     """Set up ``environ`` (default ``os.environ``) so child Python processes run monstack."""
     env = os.environ if environ is None else environ
-    _startup.to_environ(values, env)
+    _settings.to_environ(values, env)
     if not pth_active():
         parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
         if BOOT_DIR not in parts:

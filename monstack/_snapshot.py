@@ -171,6 +171,11 @@ class Snapshot(tuple):
         """The snapshot of where the work running this snapshot's code was created."""
         return self._origin
 
+    @staticmethod
+    def _chain_limit() -> int:
+        """How many origin hops snapshots show now (``install(chain_limit=...)``)."""
+        return CHAIN_LIMIT
+
     def chain(self, limit: Optional[int] = None) -> tuple[tuple["Snapshot", ...], int]:
         """``(origins, dropped)``: this snapshot's origins, newest first, at most ``limit``
         (default: the installed ``chain_limit``), and how many older hops are not among them."""

@@ -19,7 +19,9 @@ from types import CodeType, FrameType
 from typing import Any, Callable, Optional
 
 from . import _env, _stack
+from ._backend import Host
 from ._policy import Policy
+from ._settings import env_accelerator_off
 
 #: Tool ids tried in order. 0-2 are the conventional ids of debuggers, coverage
 #: tools and profilers: monstack takes them only when 3-5 are all held.
@@ -280,14 +282,10 @@ class MonitoringBackend:
             return "every sys.monitoring tool id is in use: " + _holders_text()
         return None
 
-    def __init__(
-        self,
-        policy: Policy,
-        on_error: Callable[[BaseException], None],
-        accelerator: Optional[bool] = None,
-    ) -> None:
+    def __init__(self, policy: Policy, host: Host, accelerator: Optional[bool] = None) -> None:
         self.policy = policy
-        self.on_error = on_error
+        self.host = host
+        self.on_error = host.on_error
         self.tool: Optional[int] = None
         self.capture = _stack.make_capture(policy)
         #: None: native callbacks where they can run (unless MONSTACK_ACCELERATOR=0);
@@ -308,7 +306,7 @@ class MonitoringBackend:
             return False
         from . import _accel  # imports ctypes: only when it may be used
 
-        if self.accelerator is None and _accel.env_disabled():
+        if self.accelerator is None and env_accelerator_off():
             self.accel_reason = "turned off (MONSTACK_ACCELERATOR=0)"
             return False
         ok, why = _accel.available()
@@ -344,9 +342,9 @@ class MonitoringBackend:
         if native:
             from . import _accel
 
-            callbacks = _accel.callbacks(self.policy, _stack.TLS, self.on_error)
+            callbacks = _accel.callbacks(self.policy, _stack.TLS, self.on_error, _callbacks)
             cb = callbacks[mon.events.PY_START]
-            self.snapshot_native = _accel.snapshot_new(cb)
+            self.snapshot_native = _accel.snapshot_new(cb, self.host.snapshot)
             if self.snapshot_native is not None:
                 self.capture_native = _accel.capture_function(cb)
                 self._native_cb = cb

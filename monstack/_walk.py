@@ -6,21 +6,27 @@ compares against. A snapshot costs O(depth) but produces the same nodes.
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from types import FrameType
+from typing import TYPE_CHECKING, Any, Optional
 
 from . import _stack
 from ._policy import Policy
+
+if TYPE_CHECKING:
+    from ._backend import Host
 
 
 class WalkBackend:
     name = "walk"
     tracking = False
+    snapshot_native = None
+    capture_native = None
 
     @staticmethod
     def unavailable() -> Optional[str]:
         return None
 
-    def __init__(self, policy: Policy, on_error: Callable[[BaseException], None] | None = None) -> None:
+    def __init__(self, policy: Policy, host: "Host", accelerator: Optional[bool] = None) -> None:
         self.policy = policy
 
     def start(self) -> None:
@@ -29,8 +35,11 @@ class WalkBackend:
     def stop(self) -> None:
         pass
 
-    def capture(self, frame):
+    def capture(self, frame: Optional[FrameType]) -> tuple[Any, int]:
         return _stack.build(frame, self.policy)
+
+    def retire_fast(self) -> None:
+        pass
 
     def describe(self) -> dict[str, str]:
         return {}

@@ -137,7 +137,7 @@ class OriginFormatterMixin:
         if self.color is not None:
             return bool(self.color)
         try:
-            from ._startup import env_color
+            from ._settings import env_color
 
             return env_color() is True
         except Exception:

@@ -21,9 +21,9 @@ elif CONFIG == "native":
 
 def expected_backend() -> str:
     """The backend ``install()`` picks by itself on this interpreter."""
-    from monstack import _backend
+    from monstack import _select
 
-    cls, _why = _backend.choose("auto")
+    cls, _why = _select.choose("auto")
     return cls.name
 
 

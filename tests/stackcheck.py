@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 
 import monstack
-from monstack._install import current_policy
+from monstack._capture import current_policy
 
 
 def real_records(frame=None) -> list[tuple[str, int, str]]:

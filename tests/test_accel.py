@@ -28,7 +28,7 @@ if not _env.HAS_SYSMON:
     pytest.skip("native sys.monitoring callbacks need CPython 3.12+", allow_module_level=True)
 
 import monstack  # noqa: E402
-from monstack import _accel, _install, _native, _stack, _sysmon  # noqa: E402
+from monstack import _accel, _capture, _install, _native, _stack, _sysmon  # noqa: E402
 from stackcheck import captures_for_library_snapshots, library_module, real_records, shadow_records  # noqa: E402
 
 OK, WHY = _accel.available()
@@ -75,7 +75,7 @@ def tracking(native: bool, **options):
 
 def _registered(event=None):
     mon = sys.monitoring
-    tool = _install._state.backend.tool
+    tool = _capture._state.backend.tool
     event = event or mon.events.PY_START
     cb = mon.register_callback(tool, event, None)
     mon.register_callback(tool, event, cb)
@@ -679,7 +679,7 @@ def _snap_helpers():
     """The native snapshot functions, called from functions that live (for the policy)
     in monstack's directory, as snapshot() itself does."""
     cb = _registered()
-    ns = {"fast": _accel.snapshot_fast(cb), "snap_new": _accel.snapshot_new(cb)}
+    ns = {"fast": _accel.snapshot_fast(cb), "snap_new": _accel.snapshot_new(cb, monstack.snapshot)}
     assert ns["snap_new"] is not None
     exec(compile(_SNAP_SRC, os.path.join(os.path.dirname(_install.__file__), "_test_accel_snapshot.py"), "exec"), ns)
     return ns["via_fast"], ns["via_new"]
@@ -923,7 +923,7 @@ def test_native_snapshots_and_nodes_are_not_gc_tracked():
 
         from monstack._snapshot import CURRENT_ORIGIN
 
-        weak_new = _accel.snapshot_new(_registered(), Weak, CURRENT_ORIGIN)
+        weak_new = _accel.snapshot_new(_registered(), monstack.snapshot, Weak, CURRENT_ORIGIN)
         ns = {"snap_new": weak_new}
         exec(compile("def via():\n    return snap_new()\n",
                      os.path.join(os.path.dirname(_install.__file__), "_test_accel_weak.py"), "exec"), ns)
@@ -1078,7 +1078,7 @@ def test_snapshot_memory_adopted_only_for_plain_tuple_classes():
         assert sys.getrefcount(origin) == 3 and s.origin is origin and t.origin.records() == (rec,)
         del s, t
         assert sys.getrefcount(origin) == 2
-        assert _accel.snapshot_new(_registered(), Weak, CURRENT_ORIGIN) is not None
+        assert _accel.snapshot_new(_registered(), monstack.snapshot, Weak, CURRENT_ORIGIN) is not None
         assert (_tp_free(Weak), _tp_free(Weak, "tp_dealloc")) == (gc_del, subtype_dealloc)
         assert (_tp_free(Sub), _tp_free(Sub, "tp_dealloc")) == (gc_del, subtype_dealloc)
 
@@ -1177,7 +1177,7 @@ def test_native_snapshot_looks_through_filtered_callers(tmp_path, monkeypatch):
     answers without the Python capture, with the user's frames and lines."""
     ns = library_module(tmp_path, "fw_for_native_snapshot")
     monstack.install(exclude=[str(tmp_path)], accelerator=True)
-    backend = _install._state.backend
+    backend = _capture._state.backend
     assert backend.snapshot_native is not None
     # answered natively: the Python capture never ran
     assert captures_for_library_snapshots(ns["op"], backend, monkeypatch) == 0
@@ -1197,7 +1197,7 @@ def test_event_dispatch_calls_the_callbacks_directly():
     assert _accel.direct_calls_refused == "", _accel.direct_calls_refused
     mon = sys.monitoring
     with tracking(True, track="all"):
-        assert _install._state.backend.describe()["native calls"] == "direct (vectorcall)"  # `info`
+        assert _capture._state.backend.describe()["native calls"] == "direct (vectorcall)"  # `info`
         blob = _accel._blob
         for event, symbol in ((mon.events.PY_START, "ms_vc_start"), (mon.events.PY_RESUME, "ms_vc_start"),
                               (mon.events.PY_RETURN, "ms_vc_return"), (mon.events.PY_YIELD, "ms_vc_yield"),
@@ -1231,7 +1231,7 @@ def test_direct_calls_refused_keeps_the_native_callbacks(monkeypatch):
     with tracking(True, track="all"):
         cb = _registered()
         assert _vectorcall_of(cb) != _accel._blob.addr("ms_vc_start")
-        assert _install._state.backend.describe()["native calls"].startswith("through cfunction_vectorcall (")
+        assert _capture._state.backend.describe()["native calls"].startswith("through cfunction_vectorcall (")
         OUT.clear()
         loop(3)
         outer_mark()

@@ -24,7 +24,7 @@ import pytest
 from stackcheck import Mismatch, check, library_module, real_records, shadow_records
 
 import monstack
-from monstack import _backend, _env, _install, _stack
+from monstack import _capture, _env, _select, _stack
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 IS_311 = _env.CPYTHON and sys.version_info[:2] == (3, 11)
@@ -56,7 +56,7 @@ def run_py(code: str, *args: str, timeout: float = 120, env: dict | None = None)
 
 
 def counters() -> dict:
-    state = _install._state
+    state = _capture._state
     assert state is not None and state.backend.name == "evalframe"
     return state.backend.counters()
 
@@ -104,7 +104,7 @@ def test_refuses_other_versions(monkeypatch, version, expected):
     monkeypatch.setattr(_env, "PYVERSION", version)
     reason = EvalFrameBackend.unavailable()
     assert reason is not None and expected in reason
-    cls, why = _backend.choose("auto")
+    cls, why = _select.choose("auto")
     assert cls.name == "walk" and expected in why
 
 
@@ -774,7 +774,7 @@ def test_c_stack_exhaustion_becomes_recursion_error():
     """A huge recursion limit: without the guard the C stack would overflow (segfault)."""
     code = """
         import sys, threading, monstack
-        from monstack import _install
+        from monstack import _capture
         assert monstack.install(track="all") == "evalframe"
         sys.setrecursionlimit(1_000_000)
         def probe():
@@ -795,7 +795,7 @@ def test_c_stack_exhaustion_becomes_recursion_error():
         print("THREAD", out[0][0], "C stack" in out[0][1])
         from stackcheck import check
         print("CHECK", check("after") >= 1)
-        print("REFUSED", _install._state.backend.counters()["n_stack_refused"])
+        print("REFUSED", _capture._state.backend.counters()["n_stack_refused"])
     """
     if not _available():
         pytest.skip("the shim cannot run here")

@@ -20,7 +20,7 @@ from conftest import expected_backend, needs_sysmon
 from stackcheck import check
 
 import monstack
-from monstack import _install, _stack
+from monstack import _capture, _install, _stack
 from monstack._policy import Policy
 
 
@@ -104,7 +104,7 @@ def monstack_tool_ids() -> list[int]:
 
 def assert_cleanly_off(tool: int | None) -> None:
     assert monstack.active_backend() is None
-    assert _install._state is None and _install._fast is None and _install._native_snapshot is None
+    assert _capture._state is None and _capture._fast is None and _capture._native_snapshot is None
     assert monstack_tool_ids() == []
     if tool is not None:
         assert sys.monitoring.get_tool(tool) is None
@@ -119,7 +119,7 @@ def assert_cleanly_off(tool: int | None) -> None:
 def installed_tool() -> int:
     name = monstack.install()
     assert name == "monitoring"
-    tool = _install._state.backend.tool
+    tool = _capture._state.backend.tool
     assert sys.monitoring.get_tool(tool) == "monstack"
     return tool
 
@@ -351,7 +351,7 @@ def test_fault_in_throw_into_generator_on_unseeded_thread(faults, tmp_path):
 
 def test_fault_in_snapshot_capture_falls_back_to_walk(faults, monkeypatch):
     monstack.install()
-    state = _install._state
+    state = _capture._state
     if not state.backend.tracking:
         pytest.skip("the walk backend has no separate capture to break")
     tool = getattr(state.backend, "tool", None)
@@ -360,8 +360,8 @@ def test_fault_in_snapshot_capture_falls_back_to_walk(faults, monkeypatch):
         raise Injected("injected fault in capture")
 
     monkeypatch.setattr(state.backend, "capture", broken_capture)
-    monkeypatch.setattr(_install, "_fast", None)  # no inline fast path: through capture()
-    monkeypatch.setattr(_install, "_native_snapshot", None)
+    monkeypatch.setattr(_capture, "_fast", None)  # no inline fast path: through capture()
+    monkeypatch.setattr(_capture, "_native_snapshot", None)
 
     def fresh():
         return monstack.snapshot()

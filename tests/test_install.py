@@ -12,7 +12,7 @@ from conftest import CONFIG, expected_backend, needs_sysmon, tracking
 from stackcheck import captures_for_library_snapshots, check, library_module, real_records, shadow_records
 
 import monstack
-from monstack import _backend, _stack
+from monstack import _select, _stack
 
 
 def test_install_returns_backend_and_uninstall_is_idempotent():
@@ -51,7 +51,7 @@ def test_env_backend_is_honoured_and_checked(monkeypatch):
 
 
 def test_unavailable_backend_requested_explicitly_says_why():
-    reasons = _backend.reasons()
+    reasons = _select.reasons()
     missing = [name for name, why in reasons.items() if why]
     if not missing:
         pytest.skip("every backend is available here")
@@ -269,7 +269,7 @@ def test_snapshotter_gives_what_snapshot_gives(phase):
 
 @needs_sysmon
 def test_snapshotter_is_native_where_the_accelerator_runs_and_retires_cleanly(monkeypatch):
-    from monstack import _accel, _install
+    from monstack import _accel, _capture
 
     ok, why = _accel.available()
     if not ok or os.environ.get("MONSTACK_ACCELERATOR") == "0":
@@ -277,7 +277,7 @@ def test_snapshotter_is_native_where_the_accelerator_runs_and_retires_cleanly(mo
     monstack.install()
     cap = monstack.snapshotter()
     assert cap is not monstack.snapshot and type(cap).__name__ == "builtin_function_or_method"
-    backend = _install._state.backend
+    backend = _capture._state.backend
     calls = []
     real_capture = backend.capture
     monkeypatch.setattr(backend, "capture", lambda frame: calls.append(1) or real_capture(frame))
@@ -286,7 +286,7 @@ def test_snapshotter_is_native_where_the_accelerator_runs_and_retires_cleanly(mo
     assert shadow_records(snap) == real
     assert calls == []  # answered natively
     # a backend that stops trusting its shadow stack retires the native paths too
-    _install.disable_fast_path()
+    _capture.disable_fast_path()
     snap, real = _nested(cap)
     assert shadow_records(snap) == real and calls
     with pytest.raises(TypeError):
@@ -298,12 +298,12 @@ def test_inline_snapshot_looks_through_filtered_callers(tmp_path, monkeypatch):
     """snapshot()'s Python fast path (the one 3.11 and the pure-Python callbacks use),
     called by a framework for its user: it looks through the framework's frames to the
     user's instead of falling back to the full capture."""
-    from monstack import _install
+    from monstack import _capture
 
     op = library_module(tmp_path, "fw_for_inline_snapshot")["op"]
     monstack.install(exclude=[str(tmp_path)])
-    monkeypatch.setattr(_install, "_native_snapshot", None)  # the Python path only
-    calls = captures_for_library_snapshots(op, _install._state.backend, monkeypatch)
+    monkeypatch.setattr(_capture, "_native_snapshot", None)  # the Python path only
+    calls = captures_for_library_snapshots(op, _capture._state.backend, monkeypatch)
     if CONFIG != "python":  # pure-Python pushes leave call sites to the capture's fill
         assert calls == 0
 

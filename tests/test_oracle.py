@@ -482,9 +482,9 @@ def test_oracle_catches_a_backend_that_skips_pops(progdir, monkeypatch):
 def test_oracle_catches_a_snapshot_missing_a_frame(progdir, monkeypatch):
     """A capture that loses the caller of the snapshotting frame is caught by check()."""
     monstack.install()
-    from monstack import _install
+    from monstack import _capture
 
-    backend = _install._state.backend
+    backend = _capture._state.backend
     real_capture = backend.capture
 
     def lossy(frame):
@@ -494,8 +494,8 @@ def test_oracle_catches_a_snapshot_missing_a_frame(progdir, monkeypatch):
         return node, lasti
 
     monkeypatch.setattr(backend, "capture", lossy)
-    monkeypatch.setattr(_install, "_fast", None)  # force the capture path
-    monkeypatch.setattr(_install, "_native_snapshot", None)
+    monkeypatch.setattr(_capture, "_fast", None)  # force the capture path
+    monkeypatch.setattr(_capture, "_native_snapshot", None)
     with pytest.raises(stackcheck.Mismatch):
         run_program(FIXED_PROGRAM, progdir, strict_resync=False)
 

@@ -14,7 +14,7 @@ import pytest
 from stackcheck import Mismatch, check, library_module, real_records, shadow_records
 
 import monstack
-from monstack import _install, _stack
+from monstack import _capture, _stack
 
 from conftest import expected_backend as conftest_backend
 
@@ -1022,7 +1022,7 @@ def test_a_throw_drops_the_answer_lists_of_threads_that_ended():
     drops it (else every yield would look its thread up for good)."""
     monstack.install()
     mon = sys.monitoring
-    tool = _install._state.backend.tool
+    tool = _capture._state.backend.tool
     on_throw = mon.register_callback(tool, mon.events.PY_THROW, None)
     mon.register_callback(tool, mon.events.PY_THROW, on_throw)
     thrown = on_throw.__closure__[on_throw.__code__.co_freevars.index("thrown")].cell_contents
@@ -1031,7 +1031,7 @@ def test_a_throw_drops_the_answer_lists_of_threads_that_ended():
     shadow, real = _throw_caught_in_a_with(lambda: None)
     assert shadow == real
     assert gone not in thrown
-    if not _install._state.backend.native:  # the pure-Python yield that answered took the list out
+    if not _capture._state.backend.native:  # the pure-Python yield that answered took the list out
         assert thrown == {}
 
 
@@ -1206,7 +1206,7 @@ def _node_codes(node) -> list:
 
 
 def _real_codes(frame) -> list:
-    from monstack._install import current_policy
+    from monstack._capture import current_policy
 
     policy, out = current_policy(), []
     while frame is not None:

@@ -3,7 +3,7 @@
 import sys
 
 import monstack
-from monstack._install import current_policy
+from monstack._capture import current_policy
 
 bad: list = []
 

@@ -1,0 +1,301 @@
+"""Every ``MONSTACK_*`` environment variable: its name, accepted values, default, and parser.
+
+The bottom layer (with ``_env``): start-up, the runner, ``install()``'s defaults and the
+colour decision all read the environment through here. Every variable is one row of
+:data:`SETTINGS`; adding a variable (and the ``install()`` keyword it feeds) is adding a
+row. Bad values never raise here at start-up: they become messages naming the variable
+and its valid values.
+
+Imports only ``os`` and ``typing``: this runs at interpreter start-up under ``MONSTACK=1``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Mapping, MutableMapping, NamedTuple, Optional
+
+#: Backends ``install(backend=...)`` and ``MONSTACK_BACKEND`` accept.
+BACKEND_CHOICES: tuple[str, ...] = ("auto", "monitoring", "evalframe", "walk")
+#: ``install(track=...)`` / ``MONSTACK_TRACK``: your code only, or everything.
+TRACK_CHOICES: tuple[str, ...] = ("user", "all")
+#: Every propagation point ``install(propagate=...)`` knows (patched by ``_propagate``).
+PROPAGATION_POINTS: tuple[str, ...] = (
+    "threading",
+    "thread_pool",
+    "process_pool",
+    "asyncio_tasks",
+    "asyncio_executor",
+    "process",
+    "mp_pool",
+)
+
+#: The variable that selects a backend (``install(backend=None)`` reads it).
+BACKEND_ENV = "MONSTACK_BACKEND"
+#: The variable that turns the native callbacks off (``install(accelerator=None)`` reads it).
+ACCELERATOR_ENV = "MONSTACK_ACCELERATOR"
+#: The variable that chooses colour in monstack's reports.
+COLOR_ENV = "MONSTACK_COLOR"
+
+#: ``MONSTACK`` values that turn monstack on (case-insensitive, surrounding blanks ignored).
+TRUE_VALUES: tuple[str, ...] = ("1", "true", "yes", "on")
+#: ``MONSTACK`` values that leave it off (unset is off too).
+FALSE_VALUES: tuple[str, ...] = ("", "0", "false", "no", "off")
+
+ENABLE_VAR = "MONSTACK"
+
+#: Colour preferences (``MONSTACK_COLOR``): value -> ``color`` argument of the formatters.
+COLOR_VALUES: dict[str, Optional[bool]] = {
+    "auto": None,
+    "always": True,
+    "1": True,
+    "yes": True,
+    "true": True,
+    "on": True,
+    "never": False,
+    "0": False,
+    "no": False,
+    "false": False,
+    "off": False,
+}
+
+
+class BadValue(ValueError):
+    """A variable's value is not one of the accepted ones; ``valid`` says which are."""
+
+    def __init__(self, valid: str) -> None:
+        super().__init__(valid)
+        self.valid = valid
+
+
+# -- parsers: text -> value, or BadValue(valid values) ------------------------------------
+
+
+def _words(text: str) -> list[str]:
+    """``os.pathsep``- or comma-separated entries, blanks dropped."""
+    out: list[str] = []
+    for part in text.replace(os.pathsep, ",").split(","):
+        part = part.strip()
+        if part:
+            out.append(part)
+    return out
+
+
+def _parse_backend(text: str) -> str:
+    value = text.strip().lower()
+    if value not in BACKEND_CHOICES:
+        raise BadValue(", ".join(BACKEND_CHOICES))
+    return value
+
+
+def _parse_track(text: str) -> str:
+    value = text.strip().lower()
+    if value not in TRACK_CHOICES:
+        raise BadValue(", ".join(TRACK_CHOICES))
+    return value
+
+
+def _parse_rules(text: str) -> tuple[str, ...]:
+    return tuple(_words(text))
+
+
+def _parse_chain_limit(text: str) -> int:
+    valid = "a whole number >= 1"
+    try:
+        value = int(text.strip())
+    except ValueError:
+        raise BadValue(valid) from None
+    if value < 1:
+        raise BadValue(valid)
+    return value
+
+
+def _parse_propagate(text: str) -> Any:
+    valid = "1/true/yes/on/all (every point), 0/false/no/off/none, or a comma-separated list of: " + ", ".join(
+        PROPAGATION_POINTS
+    )
+    value = text.strip().lower()
+    if value in TRUE_VALUES or value == "all":
+        return True
+    if value in FALSE_VALUES or value == "none":
+        return False
+    names = _words(value)
+    if not names or any(n not in PROPAGATION_POINTS for n in names):
+        raise BadValue(valid)
+    return tuple(names)
+
+
+def _parse_color(text: str) -> Optional[bool]:
+    value = text.strip().lower()
+    if value not in COLOR_VALUES:
+        raise BadValue("auto, always (or 1/yes/true/on), never (or 0/no/false/off)")
+    return COLOR_VALUES[value]
+
+
+def _parse_accelerator(text: str) -> Optional[bool]:
+    value = text.strip().lower()
+    if value == "auto":
+        return None
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise BadValue("auto, 1/true/yes/on (require the native callbacks), 0/false/no/off")
+
+
+class Setting(NamedTuple):
+    """One ``MONSTACK_*`` variable: how to read it and which ``install()`` keyword it feeds.
+
+    (A NamedTuple, not a dataclass: ``dataclasses`` imports ``inspect``, ~10 ms at start-up.)
+    """
+
+    var: str
+    #: The ``install()`` keyword it sets, or None for settings read elsewhere (colour).
+    option: Optional[str]
+    parse: Callable[[str], Any]
+    #: The accepted values, as the warning and the README say them.
+    valid: str
+    #: What applies when the variable is unset or bad.
+    default: str
+    doc: str
+    #: ``python -m monstack run`` option that sets this variable (None: no option).
+    flag: Optional[str] = None
+    #: The flag may repeat; its values are joined with commas.
+    repeat: bool = False
+
+
+#: Every variable monstack reads at start-up, in the order the README lists them.
+SETTINGS: tuple[Setting, ...] = (
+    Setting(
+        "MONSTACK_BACKEND", "backend", _parse_backend, "auto, monitoring, evalframe, walk", "auto",
+        "Which backend keeps the stacks (auto: the best one this interpreter has).", "--backend",
+    ),
+    Setting(
+        "MONSTACK_TRACK", "track", _parse_track, "user, all", "user",
+        "Which code is tracked: your code (not the standard library or site-packages), or all.",
+        "--track",
+    ),
+    Setting(
+        "MONSTACK_INCLUDE", "include", _parse_rules,
+        "module names or path prefixes, separated by commas or os.pathsep", "none",
+        "Also track these modules/paths (the longest matching include/exclude rule wins).",
+        "--include", True,
+    ),
+    Setting(
+        "MONSTACK_EXCLUDE", "exclude", _parse_rules,
+        "module names or path prefixes, separated by commas or os.pathsep", "none",
+        "Do not track these modules/paths.", "--exclude", True,
+    ),
+    Setting(
+        "MONSTACK_CHAIN_LIMIT", "chain_limit", _parse_chain_limit, "a whole number >= 1", "8",
+        "How many origin hops a snapshot keeps (older hops are dropped and counted).",
+        "--chain-limit",
+    ),
+    Setting(
+        "MONSTACK_PROPAGATE", "propagate", _parse_propagate,
+        "1/true/yes/on/all, 0/false/no/off/none, or a comma-separated list of propagation points",
+        "all",
+        "Which propagation points install() patches (threading, thread_pool, process_pool, "
+        "asyncio_tasks, asyncio_executor, process, mp_pool).",
+        "--propagate",
+    ),
+    Setting(
+        "MONSTACK_ACCELERATOR", "accelerator", _parse_accelerator,
+        "auto, 1/true/yes/on, 0/false/no/off", "auto",
+        "Native sys.monitoring callbacks on CPython 3.12/3.13 (auto: where they can run).",
+        "--accelerator",
+    ),
+    Setting(
+        "MONSTACK_COLOR", None, _parse_color,
+        "auto, always (or 1/yes/true/on), never (or 0/no/false/off)", "auto",
+        "Colour in monstack's own reports; auto follows CPython's rules "
+        "(PYTHON_COLORS, NO_COLOR, FORCE_COLOR, TERM, isatty).",
+        "--color",
+    ),
+)
+
+
+class Config:
+    """What the environment asks for."""
+
+    __slots__ = ("enabled", "options", "values", "problems")
+
+    def __init__(self) -> None:
+        self.enabled = False
+        #: ``install()`` keywords, only for variables that are set and valid.
+        self.options: dict[str, Any] = {}
+        #: Parsed value of every set-and-valid variable, by variable name.
+        self.values: dict[str, Any] = {}
+        #: One message per bad variable.
+        self.problems: list[str] = []
+
+
+def _bad(var: str, raw: str, valid: str, default: str) -> str:
+    return f"{var}={raw!r} is not valid (valid values: {valid}); using the default ({default})"
+
+
+def parse_enabled(raw: Optional[str]) -> tuple[bool, Optional[str]]:
+    """``MONSTACK``'s value -> (on?, problem message or None). Unknown values mean off."""
+    value = (raw or "").strip().lower()
+    if value in TRUE_VALUES:
+        return True, None
+    if value in FALSE_VALUES:
+        return False, None
+    valid = "/".join(TRUE_VALUES) + " to turn monstack on; unset or " + "/".join(v for v in FALSE_VALUES if v)
+    return False, f"{ENABLE_VAR}={raw!r} is not valid (valid values: {valid}); monstack stays off"
+
+
+def read_env(environ: Optional[Mapping[str, str]] = None) -> Config:
+    """Parse ``MONSTACK`` and every ``MONSTACK_*`` row of :data:`SETTINGS`; never raises
+    for bad values (they become ``problems``)."""
+    env = os.environ if environ is None else environ
+    config = Config()
+    config.enabled, problem = parse_enabled(env.get(ENABLE_VAR))
+    if problem:
+        config.problems.append(problem)
+    for setting in SETTINGS:
+        raw = env.get(setting.var)
+        if raw is None or not raw.strip():
+            continue
+        try:
+            value = setting.parse(raw)
+        except BadValue as exc:
+            config.problems.append(_bad(setting.var, raw, exc.valid, setting.default))
+            continue
+        config.values[setting.var] = value
+        if setting.option is not None:
+            config.options[setting.option] = value
+    if "backend" not in config.options:
+        # Explicit, so install() does not read a bad MONSTACK_BACKEND again and raise.
+        config.options["backend"] = "auto"
+    return config
+
+
+def env_color(environ: Optional[Mapping[str, str]] = None) -> Optional[bool]:
+    """``MONSTACK_COLOR`` as a ``color`` argument: True, False, or None (auto / unset / bad)."""
+    raw = (os.environ if environ is None else environ).get(COLOR_ENV)
+    if not raw:
+        return None
+    try:
+        return _parse_color(raw)
+    except BadValue:
+        return None
+
+
+def env_backend() -> Optional[str]:
+    """The backend named in ``MONSTACK_BACKEND``, or None when unset/empty."""
+    value = os.environ.get(BACKEND_ENV, "").strip().lower()
+    return value or None
+
+
+def env_accelerator_off() -> bool:
+    """``MONSTACK_ACCELERATOR=0`` (or false/no/off) turns the native callbacks off."""
+    return os.environ.get(ACCELERATOR_ENV, "").strip().lower() in ("0", "false", "no", "off")
+
+
+def to_environ(values: Mapping[str, str], environ: Optional[MutableMapping[str, str]] = None) -> None:
+    """Turn monstack on in ``environ`` (default ``os.environ``) with ``values`` (variable ->
+    text), so child Python processes start with the same settings."""
+    env = os.environ if environ is None else environ
+    env[ENABLE_VAR] = "1"
+    for var, text in values.items():
+        env[var] = text
