@@ -200,13 +200,13 @@ def test_unknown_section_is_refused():
 
 
 def test_opqueue_cost_script_runs(tmp_path):
-    """compat/opqueue_cost.py (the README's instruction counts and long pair runs) works
+    """bench/opqueue_cost.py (the README's instruction counts and long pair runs) works
     on this checkout: a tiny pairs run and a tiny instructions run."""
     import os
     import subprocess
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    script = os.path.join(root, "compat", "opqueue_cost.py")
+    script = os.path.join(root, "bench", "opqueue_cost.py")
     env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
     out = subprocess.run([sys.executable, script, "pairs", "1", "240", "--no-worker"],
                          capture_output=True, text=True, env=env, timeout=120)

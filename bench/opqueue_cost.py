@@ -7,7 +7,7 @@ for counting instructions under valgrind (deterministic where wall clock is not)
 
     for n in 4800 14400; do
       PYTHONPATH=. valgrind --tool=cachegrind --cache-sim=no --cachegrind-out-file=/dev/null \\
-        python3.12 compat/opqueue_cost.py instructions snapshotter $n 2>&1 | grep "I *refs"
+        python3.12 bench/opqueue_cost.py instructions snapshotter $n 2>&1 | grep "I *refs"
     done
     # instructions per op = (refs at 14400 - refs at 4800) / 9600
 
@@ -24,7 +24,7 @@ clock: K processes per checkout, A and B alternating, each running ROUNDS pairs 
 first on the path; prints per checkout the median of all its per-pair ratios and each
 process's median::
 
-    PYTHONPATH=. python3.13 compat/opqueue_cost.py ab 6 25 /tmp/before .
+    PYTHONPATH=. python3.13 bench/opqueue_cost.py ab 6 25 /tmp/before .
 
 ``floor ROUNDS``: pairs for a bare ``sys.monitoring`` tool (not monstack) with global
 events whose callbacks return DISABLE, against no tool (3.12+): CPython's own cost.
