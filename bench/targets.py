@@ -43,6 +43,8 @@ def main_snapshot_method(methods: dict) -> Optional[str]:
 
 
 def targets(r: dict) -> list[dict]:
+    """One verdict per target the run has a figure for: issue, target, value, met (True,
+    False, or None: no verdict or an invalid figure) and a note."""
     out: list[dict] = []
 
     def add(issue: int, what: str, value: Any, met: Optional[bool], note: str = "", *invalid: Any) -> None:

@@ -146,4 +146,3 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     sections = [s.strip() for s in args.only.split(",") if s.strip()] or None
     run(as_json=args.json, config=cfg, sections=sections)
     return 0
-

@@ -20,6 +20,7 @@ from typing import Any, Callable, Optional, Sequence
 import monstack
 from monstack import _env
 
+
 class Config:
     """Sizes of one bench run. ``full`` (default), ``quick`` (< 30 s), ``tiny`` (tests)."""
 
@@ -63,7 +64,6 @@ CONFIGS = {
         memory_walk_snapshots=100,
     ),
 }
-
 
 
 # ---------------------------------------------------------------------------------------------
@@ -282,7 +282,6 @@ def propagation_points() -> tuple:
         return ()
 
 
-
 # ---------------------------------------------------------------------------------------------
 # Timing
 # ---------------------------------------------------------------------------------------------
@@ -429,4 +428,3 @@ def restore_install(options: Optional[dict]) -> None:
             monstack.install(**kw)
         except Exception:
             pass
-

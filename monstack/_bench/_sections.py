@@ -239,7 +239,6 @@ def _native_captures_names(methods: list) -> list:
     return [m[0] for m in methods if m[0].startswith(("jax", "torch"))]
 
 
-
 # ---------------------------------------------------------------------------------------------
 # Tracking tax
 # ---------------------------------------------------------------------------------------------
@@ -336,7 +335,6 @@ def tracking_tax(cfg: Config, w: Optional[types.ModuleType] = None) -> dict:
                 out["mode info"][m.name] = m.info
     out["pool tasks run"] = pool_done[0] + cur[0].POOL_DONE[0]
     return out
-
 
 
 # ---------------------------------------------------------------------------------------------
@@ -491,7 +489,6 @@ def _crossover(cfg: Config, oq: OpQueue, main: dict) -> dict:
     }
 
 
-
 # ---------------------------------------------------------------------------------------------
 # Memory
 # ---------------------------------------------------------------------------------------------
@@ -613,4 +610,3 @@ def memory(cfg: Config, w: Optional[types.ModuleType] = None) -> dict:
     out["rss at start bytes"] = rss_start
     out["peak rss bytes"] = peak_rss_bytes()
     return out
-

@@ -396,7 +396,6 @@ class Worker:
 '''
 
 
-
 def _framework_filename() -> str:
     base = sysconfig.get_paths().get("purelib") or os.path.join(sys.prefix, "site-packages")
     return os.path.join(base, "monstack_bench_framework", "ops.py")
@@ -417,7 +416,6 @@ def make_workloads() -> types.ModuleType:
 
 def make_framework() -> types.ModuleType:
     return _make_module(FRAMEWORK_MODULE, _FRAMEWORK_SRC, _framework_filename())
-
 
 
 class OpQueue:
@@ -512,4 +510,3 @@ class OpQueue:
         self.fw.LAYERS = layers
         self.model = self.w.Model(self.fw, self.N_BLOCKS, 16)
         self.x = self.fw.Tensor((8, 16))
-
