@@ -652,11 +652,11 @@ def test_build_refuses_external_symbols(tmp_path):
 
 @needs_native
 def test_memory_flat_in_a_subprocess_bench():
-    """The 10M-call version is ``compat/bench_accel.py --memory 10000000``; here 1M."""
+    """The 10M-call version is ``bench/bench_accel.py --memory 10000000``; here 1M."""
     code = (
         "import sys; sys.path[:0] = [%r, %r]\n"
         "import bench_accel\n"
-        "bench_accel.memory(1_000_000)\n" % (ROOT, os.path.join(ROOT, "compat"))
+        "bench_accel.memory(1_000_000)\n" % (ROOT, os.path.join(ROOT, "bench"))
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr

@@ -7,18 +7,23 @@ captured), that the JSON has its keys, and that the table renders.
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import json
+import os
+import re
+import subprocess
 import sys
 
 import pytest
 
 import monstack
 from monstack import _bench, _env
+from monstack._bench import _harness, _report, _sections, _workloads
 
 
 def _tracking_available() -> bool:
-    return bool(_bench._tracking_backends())
+    return bool(_harness.tracking_backends())
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +45,7 @@ def test_json_top_level(results):
     res, parsed = results
     for key in ("schema", "python", "machine", "config", "rounds", "sections", "backends",
                 "accelerator option", "propagation points", "snapshot", "tax", "opqueue", "memory",
-                "targets", "warnings", "elapsed seconds", "peak rss bytes", "section seconds"):
+                "warnings", "elapsed seconds", "peak rss bytes", "section seconds"):
         assert key in parsed, key
     assert parsed["python"] == sys.version.split()[0]
     assert parsed["config"] == "tiny"
@@ -59,7 +64,7 @@ def test_snapshot_section(results):
                  "traceback.extract_stack()", "empty loop (no-op call)"):
         assert name in methods
     if _tracking_available():
-        assert _bench._main_snapshot_method(methods) is not None
+        assert _report.main_snapshot_method(methods) is not None
     if "monstack monitoring native, snapshotter()" in methods:  # where the accelerator runs
         row = "monstack monitoring native, snapshotter(), under an origin"
         assert row in methods and snap["backend info"][row].endswith("accelerator: native, origin set")
@@ -90,7 +95,7 @@ def test_tax_section(results):
                 _positive_summary(ratios[mode])
         else:
             assert "tracked modes" in tax["skipped"]
-    if _bench.EmptyCallbacks.unavailable() is None:
+    if _harness.EmptyCallbacks.unavailable() is None:
         _positive_summary(tax["ratios"]["call-heavy (fib)"]["empty callbacks"])
     # the thread pool really ran its tasks: warm-up + 2 timed runs per mode per round
     assert tax["pool tasks run"] >= tax["sizes"]["thread pool"] * 2
@@ -103,9 +108,9 @@ def test_opqueue_section_really_ran(results):
     assert oq["model tracked by default policy"] is True
     assert oq["ops per run"] > 0
     assert oq["us per op"]["no capture"]["median"] > 0
-    expected = {"no capture", _bench.NOISE_FLOOR, "walk per op"}
+    expected = {"no capture", _sections.NOISE_FLOOR, "walk per op"}
     if _tracking_available():
-        expected |= {"default policy", "track='all'", _bench.FILTERED_FLOOR}
+        expected |= {"default policy", "track='all'", _sections.FILTERED_FLOOR}
     assert expected <= set(oq["checks"])
     for mode, ck in oq["checks"].items():
         # every op issued reached the worker thread
@@ -149,30 +154,125 @@ def test_memory_section(results):
         assert min(lv["frames per snapshot"]) >= mem["depth"]
 
 
-def test_targets_and_table(results):
-    res, parsed = results
-    assert parsed["targets"]
-    for t in parsed["targets"]:
+def test_table(results):
+    _res, parsed = results
+    text = io.StringIO()
+    _report.print_table(parsed, text)  # renders from the JSON form too
+    out = text.getvalue()
+    for heading in ("Snapshot:", "Tracking tax:", "Op-queue:", "Memory:"):
+        assert heading in out
+    for goal in _report.GOALS.values():
+        assert f"goal (CPython 3.12): {goal}" in out
+
+
+# --------------------------------------------------------------------------- bench/targets.py
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TARGETS_SCRIPT = os.path.join(ROOT, "bench", "targets.py")
+
+
+@pytest.fixture(scope="module")
+def targets_mod():
+    spec = importlib.util.spec_from_file_location("bench_targets", TARGETS_SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_targets_script_grades_a_bench_run(results, targets_mod):
+    _res, parsed = results
+    verdicts = targets_mod.targets(parsed)
+    assert verdicts
+    for t in verdicts:
         assert set(t) == {"issue", "target", "value", "met", "note"}
         assert t["issue"] in (3, 7, 10)
         assert t["met"] in (True, False, None)
     text = io.StringIO()
-    _bench._print(parsed, text)  # renders from the JSON form too
-    out = text.getvalue()
-    for heading in ("Snapshot:", "Tracking tax:", "Op-queue:", "Memory:", "Targets"):
-        assert heading in out
+    targets_mod.render(verdicts, text)
+    assert text.getvalue().startswith("Targets (issues 3, 7, 10")
+
+
+def test_targets_script_uses_the_bench_names(targets_mod):
+    assert targets_mod.SECTIONS == _bench.SECTIONS
+    assert targets_mod.NOISE_FLOOR == _sections.NOISE_FLOOR
+    assert targets_mod.FILTERED_FLOOR == _sections.FILTERED_FLOOR
+    methods = {"monstack walk backend": {}, "monstack monitoring pure-Python": {}, "monstack monitoring native": {}}
+    assert targets_mod.main_snapshot_method(methods) == _report.main_snapshot_method(methods)
+
+
+def _small_run(opqueue_ratio: float) -> dict:
+    s = lambda m: {"median": m, "min": m * 0.9, "max": m * 1.1, "n": 3}  # noqa: E731
+    return {
+        "python": "3.12.1", "machine": "x86_64", "config": "quick", "quick": True, "sections": ["opqueue", "memory"],
+        "elapsed seconds": 12.0,
+        "opqueue": {"ratios": {"default policy": s(opqueue_ratio), "walk per op": s(3.0), _sections.NOISE_FLOOR: s(1.0)}},
+        "memory": {"runs": {"monitoring, same frame": {"bytes per snapshot": 80.0}},
+                   "liveness": {"monitoring": {"local dead without gc": True, "frame objects reachable from snapshots": 0}}},
+    }
+
+
+def test_targets_script_verdicts_on_a_small_document(tmp_path, targets_mod):
+    """Met and NOT MET verdicts from a hand-written JSON document, through the command line."""
+    env = dict(os.environ, PYTHONPATH="")
+    good, bad = tmp_path / "good.json", tmp_path / "bad.json"
+    good.write_text(json.dumps(_small_run(1.02)))
+    bad.write_text(json.dumps(_small_run(1.08)))
+    by_target = lambda vs: {t["target"]: t for t in vs}  # noqa: E731
+
+    out = subprocess.run([sys.executable, TARGETS_SCRIPT, "--strict", str(good)], capture_output=True, text=True,
+                         env=env, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "NOT MET" not in out.stdout
+    assert "#10 op-queue default policy <= 1.05x no capture" in out.stdout
+    vs = by_target(targets_mod.targets(_small_run(1.02)))
+    assert vs["op-queue default policy <= 1.05x no capture"]["met"] is True
+    assert vs["op-queue default policy faster than a walk per op"]["met"] is True
+    assert vs["< 120 bytes per snapshot (monitoring, same frame)"]["met"] is True
+    assert vs["no frames kept alive (monitoring)"]["met"] is True
+    assert "--quick under 30 s" not in vs  # not every section ran
+
+    out = subprocess.run([sys.executable, TARGETS_SCRIPT, "--strict", str(bad)], capture_output=True, text=True,
+                         env=env, timeout=60)
+    assert out.returncode == 1, out.stderr
+    line = next(ln for ln in out.stdout.splitlines() if "op-queue default policy <= 1.05x" in ln)
+    assert "NOT MET" in line
+    out = subprocess.run([sys.executable, TARGETS_SCRIPT, "--json", "-"], input=bad.read_text(), capture_output=True,
+                         text=True, env=env, timeout=60)
+    assert out.returncode == 0, out.stderr  # not --strict
+    vs = by_target(json.loads(out.stdout))
+    assert vs["op-queue default policy <= 1.10x no capture"]["met"] is True
+    assert vs["op-queue default policy <= 1.05x no capture"]["met"] is False
+    assert vs["op-queue default policy <= 1.05x no capture"]["issue"] == 10
+
+    invalid = _small_run(1.02)
+    invalid["opqueue"]["ratios"]["default policy"]["invalid"] = "monstack turned itself off"
+    vs = by_target(targets_mod.targets(invalid))
+    assert vs["op-queue default policy <= 1.05x no capture"]["met"] is None
+    assert vs["op-queue default policy <= 1.05x no capture"]["note"].startswith("INVALID")
+
+
+def test_the_bench_package_names_no_issue():
+    """Issue targets are graded by bench/targets.py; the shipped bench states goals only."""
+    pkg = os.path.dirname(_bench.__file__)
+    found = []
+    for name in sorted(os.listdir(pkg)):
+        if name.endswith(".py"):
+            with open(os.path.join(pkg, name), encoding="utf-8") as f:
+                for n, line in enumerate(f, 1):
+                    if re.search(r"#\d+|issues? \d+", line, re.IGNORECASE):
+                        found.append(f"{name}:{n}: {line.strip()}")
+    assert found == []
 
 
 def test_frames_reachable_detects_frames():
     frame = sys._getframe()
-    assert _bench._frames_reachable([[(frame,)]]) == 1
-    assert _bench._frames_reachable([[(1, 2)]]) == 0
+    assert _sections.frames_reachable([[(frame,)]]) == 1
+    assert _sections.frames_reachable([[(1, 2)]]) == 0
 
 
-@pytest.mark.skipif(_bench.EmptyCallbacks.unavailable() is not None, reason=str(_bench.EmptyCallbacks.unavailable()))
+@pytest.mark.skipif(_harness.EmptyCallbacks.unavailable() is not None, reason=str(_harness.EmptyCallbacks.unavailable()))
 def test_empty_callbacks_free_their_tool_id():
     before = {t: sys.monitoring.get_tool(t) for t in range(6)}
-    empty = _bench.EmptyCallbacks()
+    empty = _harness.EmptyCallbacks()
     empty.enter()
     try:
         assert sys.monitoring.get_tool(empty.tool) == "monstack-bench-empty"
@@ -200,13 +300,10 @@ def test_unknown_section_is_refused():
 
 
 def test_opqueue_cost_script_runs(tmp_path):
-    """compat/opqueue_cost.py (the README's instruction counts and long pair runs) works
+    """bench/opqueue_cost.py (the README's instruction counts and long pair runs) works
     on this checkout: a tiny pairs run and a tiny instructions run."""
-    import os
-    import subprocess
-
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    script = os.path.join(root, "compat", "opqueue_cost.py")
+    script = os.path.join(root, "bench", "opqueue_cost.py")
     env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
     out = subprocess.run([sys.executable, script, "pairs", "1", "240", "--no-worker"],
                          capture_output=True, text=True, env=env, timeout=120)
@@ -229,20 +326,20 @@ def test_opqueue_cost_script_runs(tmp_path):
 
 
 def test_each_measurement_renews_the_workload_before_entering_its_mode():
-    """``fresh`` runs before every measurement, outside the mode (see _bench._measure)."""
+    """``fresh`` runs before every measurement, outside the mode (see _harness._measure)."""
     calls: list = []
-    m = _bench.Mode("m", lambda: calls.append("enter"), lambda: calls.append("exit"))
-    base = _bench.Mode("base", lambda: calls.append("enter base"), lambda: calls.append("exit base"))
-    _bench._interleaved(lambda: calls.append("work"), [m], 2, fresh=lambda: calls.append("fresh"))
+    m = _harness.Mode("m", lambda: calls.append("enter"), lambda: calls.append("exit"))
+    base = _harness.Mode("base", lambda: calls.append("enter base"), lambda: calls.append("exit base"))
+    _harness.interleaved(lambda: calls.append("work"), [m], 2, fresh=lambda: calls.append("fresh"))
     assert calls == ["fresh", "enter", "work", "work", "work", "exit"] * 2
     calls.clear()
-    _bench._paired(lambda: calls.append("work"), base, [m], 1, fresh=lambda: calls.append("fresh"))
+    _harness.paired(lambda: calls.append("work"), base, [m], 1, fresh=lambda: calls.append("fresh"))
     assert calls == (["fresh", "enter base", "work", "work", "work", "exit base",
                       "fresh", "enter", "work", "work", "work", "exit"])
 
 
 def test_opqueue_renew_gives_new_code_objects_and_a_worker_that_runs_every_op():
-    oq = _bench.OpQueue(_bench._workloads(), _bench._framework(), 48, 5)
+    oq = _workloads.OpQueue(_workloads.make_workloads(), _workloads.make_framework(), 48, 5)
     try:
         oq.configure(False)
         oq.run()
@@ -270,7 +367,7 @@ def test_312_code_once_monitored_loses_its_superinstructions_for_good():
     had superinstructions, after uninstall too."""
     import dis
 
-    if "monitoring" not in _bench._tracking_backends():
+    if "monitoring" not in _harness.tracking_backends():
         pytest.skip("needs the monitoring backend")
     ns: dict = {}
     exec("def f(a, b):\n    return a + b\n", ns)

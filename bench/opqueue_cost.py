@@ -7,7 +7,7 @@ for counting instructions under valgrind (deterministic where wall clock is not)
 
     for n in 4800 14400; do
       PYTHONPATH=. valgrind --tool=cachegrind --cache-sim=no --cachegrind-out-file=/dev/null \\
-        python3.12 compat/opqueue_cost.py instructions snapshotter $n 2>&1 | grep "I *refs"
+        python3.12 bench/opqueue_cost.py instructions snapshotter $n 2>&1 | grep "I *refs"
     done
     # instructions per op = (refs at 14400 - refs at 4800) / 9600
 
@@ -24,13 +24,13 @@ clock: K processes per checkout, A and B alternating, each running ROUNDS pairs 
 first on the path; prints per checkout the median of all its per-pair ratios and each
 process's median::
 
-    PYTHONPATH=. python3.13 compat/opqueue_cost.py ab 6 25 /tmp/before .
+    PYTHONPATH=. python3.13 bench/opqueue_cost.py ab 6 25 /tmp/before .
 
 ``floor ROUNDS``: pairs for a bare ``sys.monitoring`` tool (not monstack) with global
 events whose callbacks return DISABLE, against no tool (3.12+): CPython's own cost.
 
 ``pairs ROUNDS OPS [--no-worker]``: wall clock, each mode measured back to back with its
-own no-capture run (the bench's ``_paired``), many short runs, each measurement on new
+own no-capture run (the bench's ``_harness.paired``), many short runs, each measurement on new
 code objects (``OpQueue.renew``: on 3.12 code once instrumented stays ~1% slower); prints
 the median of the per-pair ratios with the quartiles and the ratio of the sums. ``no
 capture again`` is the noise floor; ``every code filtered`` (installed, the workload
@@ -45,14 +45,14 @@ import statistics
 import sys
 
 import monstack
-from monstack import _bench
+from monstack._bench import _harness, _workloads
 
 
 def _setup(ops: int):
-    w = _bench._workloads()
-    fw = _bench._framework()
+    w = _workloads.make_workloads()
+    fw = _workloads.make_framework()
     fw.LAYERS = 3
-    return w, fw, _bench.OpQueue(w, fw, ops, 30)
+    return w, fw, _workloads.OpQueue(w, fw, ops, 30)
 
 
 def instructions(mode: str, ops: int) -> None:
@@ -60,7 +60,7 @@ def instructions(mode: str, ops: int) -> None:
     sink: list = []
     fw._put = sink.append
     if mode == "filtered":
-        monstack.install(exclude=[_bench.WORKLOAD_MODULE])
+        monstack.install(exclude=[_workloads.WORKLOAD_MODULE])
     elif mode == "uninstalled":  # ran once under monstack, then measured without it
         monstack.install()
         oq.configure(True)
@@ -77,7 +77,7 @@ def instructions(mode: str, ops: int) -> None:
         sink.clear()
 
 
-def _mode(oq, name: str, enter, capture) -> _bench.Mode:
+def _mode(oq, name: str, enter, capture) -> _harness.Mode:
     """A measured mode: ``enter`` (install or not), then the framework's capture set."""
 
     def go():
@@ -85,7 +85,7 @@ def _mode(oq, name: str, enter, capture) -> _bench.Mode:
         oq.configure(capture)
         return info
 
-    return _bench.Mode(name, go, _bench._nothing)
+    return _harness.Mode(name, go, _harness.nothing)
 
 
 def pairs(rounds: int, ops: int, worker: bool) -> None:
@@ -97,23 +97,23 @@ def pairs(rounds: int, ops: int, worker: bool) -> None:
         oq.w.run_model(oq.depth, oq.model, oq.x, oq.steps)
         sink.clear()
 
-    def mode(name: str, enter, capture) -> _bench.Mode:
+    def mode(name: str, enter, capture) -> _harness.Mode:
         return _mode(oq, name, enter, capture)
 
-    base = mode("no capture", _bench._nothing, False)
+    base = mode("no capture", _harness.nothing, False)
     modes = [
-        mode("no capture again", _bench._nothing, False),
+        mode("no capture again", _harness.nothing, False),
         # any sys.monitoring tool's floor: PY_START/PY_RETURN set, every code object
         # filtered (its events DISABLEd after the first); on 3.12 the instrumented code
         # has lost its superinstructions
-        mode("every code filtered", _bench._installer(exclude=[_bench.WORKLOAD_MODULE]), False),
-        mode("installed, no snapshot", _bench._installer(), False),
-        mode("snapshotter()", _bench._installer(), True),
-        mode("snapshot()", _bench._installer(), "snapshot"),
+        mode("every code filtered", _harness.installer(exclude=[_workloads.WORKLOAD_MODULE]), False),
+        mode("installed, no snapshot", _harness.installer(), False),
+        mode("snapshotter()", _harness.installer(), True),
+        mode("snapshot()", _harness.installer(), "snapshot"),
     ]
     run = oq.run if worker else no_worker
     try:
-        out = _bench._paired(run, base, modes, rounds, warm=None if not worker else oq.warm,
+        out = _harness.paired(run, base, modes, rounds, warm=None if not worker else oq.warm,
                              fresh=oq.renew)
     finally:
         oq.close()
@@ -153,22 +153,22 @@ def floor(rounds: int) -> None:
 
     w, fw, oq = _setup(1800)
 
-    def mode(name: str, enter) -> _bench.Mode:
+    def mode(name: str, enter) -> _harness.Mode:
         def go():
             info = enter()
             oq.configure(False)
             return info
-        return _bench.Mode(name, go, leave)
+        return _harness.Mode(name, go, leave)
 
-    base = mode("no tool", _bench._nothing)
+    base = mode("no tool", _harness.nothing)
     modes = [
-        mode("no tool again", _bench._nothing),
+        mode("no tool again", _harness.nothing),
         mode("PY_START", enter_with((E.PY_START,))),
         mode("PY_START/RESUME/RETURN/YIELD", enter_with((E.PY_START, E.PY_RESUME, E.PY_RETURN, E.PY_YIELD))),
         mode("CALL", enter_with((E.CALL,))),
     ]
     try:
-        out = _bench._paired(oq.run, base, modes, rounds, warm=oq.warm, fresh=oq.renew)
+        out = _harness.paired(oq.run, base, modes, rounds, warm=oq.warm, fresh=oq.renew)
     finally:
         oq.close()
     print(f"CPython {sys.version.split()[0]}, {rounds} pairs of 1800-op runs, a bare tool whose callbacks return DISABLE")
@@ -184,13 +184,13 @@ def _pairs_json(rounds: int, out: str) -> None:
 
     w, fw, oq = _setup(1800)
 
-    def mode(name: str, enter, capture) -> _bench.Mode:
+    def mode(name: str, enter, capture) -> _harness.Mode:
         return _mode(oq, name, enter, capture)
 
-    base = mode("no capture", _bench._nothing, False)
-    modes = [mode("installed", _bench._installer(), False), mode("snapshotter", _bench._installer(), True)]
+    base = mode("no capture", _harness.nothing, False)
+    modes = [mode("installed", _harness.installer(), False), mode("snapshotter", _harness.installer(), True)]
     try:
-        res = _bench._paired(oq.run, base, modes, rounds, warm=oq.warm, fresh=oq.renew)
+        res = _harness.paired(oq.run, base, modes, rounds, warm=oq.warm, fresh=oq.renew)
     finally:
         oq.close()
     with open(out, "w") as f:

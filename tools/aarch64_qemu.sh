@@ -2,7 +2,7 @@
 # Build an arm64 Debian trixie root with python3.13 under $ARM64_BASE (default /tmp/arm64), runnable with
 # qemu-aarch64 on an x86-64 host, plus pure-Python pytest/hypothesis in its dist-packages.
 # Then, from the repo: PYTHONPATH=$PWD MONSTACK_TEST_CONFIG=native /tmp/arm64/py313 -m pytest -q -p no:cacheprovider tests
-# Usage: sh compat/aarch64_qemu.sh   (idempotent; re-downloads nothing already present).
+# Usage: sh tools/aarch64_qemu.sh   (idempotent; re-downloads nothing already present).
 # Needs qemu-aarch64 (Debian: qemu-user), curl, xz, dpkg-deb, and network access to
 # deb.debian.org. What it ran on is written to $ARM64_BASE/versions.txt.
 set -eu

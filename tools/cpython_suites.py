@@ -26,9 +26,9 @@ compared with the baseline; failures are re-run once (``-w``) in every mode alik
 timing-sensitive test does not show up as a difference. Exit status 0 when every mode
 matches its baseline on every interpreter.
 
-    python compat/cpython_suites.py                     # all interpreters, all modes
-    python compat/cpython_suites.py --python 3.12 --modes off,all --tests test_threading
-    python compat/cpython_suites.py --out /tmp/suites   # keep logs / XML there
+    python tools/cpython_suites.py                     # all interpreters, all modes
+    python tools/cpython_suites.py --python 3.12 --modes off,all --tests test_threading
+    python tools/cpython_suites.py --out /tmp/suites   # keep logs / XML there
 
 The summary is printed and written to ``OUT/summary.md``.
 """

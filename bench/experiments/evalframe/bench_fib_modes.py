@@ -5,10 +5,10 @@ median of per-round ratios to 'off'.
 
 Usage (from the repository root, CPython 3.11, x86-64):
     # build the bench-only Python-hook variant of the shim (calls a Python push and pop per frame)
-    mkdir -p /tmp/hook/out && cp compat/build.py compat/shim311.h compat/offsets.c /tmp/hook/
-    cp compat/evalframe-bench/hookshim311.c /tmp/hook/shim311.c
+    mkdir -p /tmp/hook/out && cp native/build.py native/shim311.h native/offsets.c /tmp/hook/
+    cp bench/experiments/evalframe/hookshim311.c /tmp/hook/shim311.c
     python3.11 /tmp/hook/build.py --arch x86_64 --out /tmp/hook/out
-    HOOK_DIR=/tmp/hook/out PYTHONPATH=. python3.11 compat/evalframe-bench/bench_fib_modes.py 26 9
+    HOOK_DIR=/tmp/hook/out PYTHONPATH=. python3.11 bench/experiments/evalframe/bench_fib_modes.py 26 9
 """
 import os, sys, time, json, statistics, importlib.util, tempfile, ctypes
 import monstack

@@ -3,8 +3,8 @@
 coroutines, under monstack's default install, counted with valgrind (deterministic, where
 wall clock on these shared machines is not)::
 
-    PYTHONPATH=. python3.12 compat/throw_cost.py measure [DEPTH]   # needs valgrind
-    PYTHONPATH=. python3.12 compat/throw_cost.py run KIND N [snap] [DEPTH]
+    PYTHONPATH=. python3.12 bench/throw_cost.py measure [DEPTH]   # needs valgrind
+    PYTHONPATH=. python3.12 bench/throw_cost.py run KIND N [snap] [DEPTH]
 
 Workloads (``KIND``), each called ``N`` times from ``DEPTH`` extra plain frames:
 

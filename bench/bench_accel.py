@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Benchmark of the native sys.monitoring callbacks (issue 10), standalone.
 
-    PYTHONPATH=. python3.12 compat/bench_accel.py [--rounds 9] [--memory 10000000]
+    PYTHONPATH=. python3.12 bench/bench_accel.py [--rounds 9] [--memory 10000000]
 
 Tracking tax on a recursive fib (track="all"), as a ratio to no monitoring, for:
 empty native callbacks (a C function returning None: CPython's own event cost), empty

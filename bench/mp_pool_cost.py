@@ -3,7 +3,7 @@
 chunksize=1)`` on a spawn pool with one worker, taken 20 frames deep, with monstack off
 and on (interleaved, two rounds), plus the cost of pickling one 20-frame snapshot::
 
-    PYTHONPATH=. python3.12 compat/mp_pool_cost.py [N]
+    PYTHONPATH=. python3.12 bench/mp_pool_cost.py [N]
 """
 
 from __future__ import annotations

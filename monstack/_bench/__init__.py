@@ -1,0 +1,148 @@
+"""``python -m monstack bench``: what monstack costs, next to the alternatives, in one run.
+
+Sections (``--only`` selects some):
+
+- ``snapshot``: cost of one capture at depth 10/50/200 -- ``monstack.snapshot()`` on every
+  backend that can run here (and native / pure-Python callbacks when ``install()`` takes
+  ``accelerator``), a plain ``sys._getframe`` walk, ``traceback.extract_stack()``, the
+  asyncio debug-mode capture, and jax's / torch's native capture when they import.
+- ``tax``: tracking tax, tracked time / untracked time, on call-heavy, method-heavy,
+  generator, exception-heavy, mixed and thread-pool workloads; with ``track="all"``, the
+  default policy, the workload filtered out, and empty ``sys.monitoring`` callbacks (the
+  CPython floor).
+- ``opqueue``: user model code a few dozen frames deep calls an excluded "framework" whose
+  every op does eager-framework-like Python dispatch, takes a snapshot and queues the op to
+  a worker thread. Ratios to no capture at all, cost per op, and the crossover (how light an
+  op can be before the default policy costs more than 10%).
+- ``memory``: bytes per snapshot over many snapshots at depth 50, peak RSS, and proof that
+  snapshots keep no frames alive.
+
+Method (the machines are shared and noisy): every timed workload runs >= 15 ms; each
+measurement is the best of two runs after a warm-up; modes are interleaved round by round
+(the order rotates each round); the figure reported is the median of the per-round values
+or ratios, with min and max. The goals a figure is measured against are printed next to it;
+timing goals live here, never in the unit tests.
+
+Workloads are compiled into synthetic modules: ``monstack_bench_workload`` is "user code"
+(tracked by the default policy); ``monstack_bench_framework.ops`` is compiled with a file
+name inside site-packages, so the default policy excludes it exactly as it excludes an
+installed framework. monstack's own files are never tracked.
+
+Modules: ``_workloads`` (the synthetic modules and the op-queue driver), ``_harness`` (what
+can run here, modes, timing), ``_sections`` (the four sections), ``_report`` (the table);
+this module runs the sections and holds the command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+import types
+import warnings
+from typing import Any, Optional, Sequence
+
+from monstack import _env
+
+from ._harness import (
+    CONFIGS,
+    Config,
+    backend_reasons,
+    install_params,
+    native_skipped,
+    propagation_points,
+    restore_install,
+    saved_install,
+)
+from ._report import print_table
+from ._sections import memory, opqueue, peak_rss_bytes, snapshot_costs, tracking_tax
+from ._workloads import make_workloads
+
+__all__ = ["CONFIGS", "SCHEMA", "SECTIONS", "Config", "main", "run"]
+
+SCHEMA = 2
+SECTIONS = ("snapshot", "tax", "opqueue", "memory")
+
+
+def run(
+    quick: bool = False,
+    as_json: bool = False,
+    file: Any = None,
+    *,
+    config: Optional[Config] = None,
+    sections: Optional[Sequence[str]] = None,
+) -> dict:
+    """Run the bench, print it (table or JSON) to ``file`` and return the results."""
+    file = file or sys.stdout
+    cfg = config or CONFIGS["quick" if quick else "full"]()
+    sections = list(sections) if sections else list(SECTIONS)
+    bad = [s for s in sections if s not in SECTIONS]
+    if bad:
+        raise ValueError(f"unknown bench section(s) {bad}; valid choices: {list(SECTIONS)}")
+    saved = saved_install()
+    t0 = time.perf_counter()
+    reasons = backend_reasons()
+    results: dict = {
+        "schema": SCHEMA,
+        "python": sys.version.split()[0],
+        "implementation": _env.IMPLEMENTATION,
+        "machine": _env.MACHINE,
+        "platform": sys.platform,
+        "cpus": os.cpu_count(),
+        "config": cfg.name,
+        "quick": cfg.name == "quick",
+        "rounds": cfg.rounds,
+        "sections": sections,
+        "backends": {k: (None if v is None else str(v)) for k, v in reasons.items()},
+        "accelerator option": "accelerator" in install_params(),
+        "propagation points": list(propagation_points()),
+    }
+    w = make_workloads()
+    caught: list = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _run_sections(cfg, w, sections, results, saved)
+    results["warnings"] = sorted({f"{type(c.message).__name__}: {c.message}" for c in caught})
+    results["native skipped"] = native_skipped()
+    results["elapsed seconds"] = time.perf_counter() - t0
+    results["peak rss bytes"] = peak_rss_bytes()
+    if as_json:
+        json.dump(results, file, indent=2, default=str)
+        file.write("\n")
+    else:
+        print_table(results, file)
+    return results
+
+
+def _run_sections(cfg: Config, w: types.ModuleType, sections: list, results: dict, saved: Optional[dict]) -> None:
+    try:
+        for section, fn in (("snapshot", snapshot_costs), ("tax", tracking_tax), ("opqueue", opqueue), ("memory", memory)):
+            if section in sections:
+                t = time.perf_counter()
+                try:
+                    results[section] = fn(cfg, w)
+                except Exception as exc:  # one broken section must not hide the others
+                    results[section] = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
+                results.setdefault("section seconds", {})[section] = time.perf_counter() - t
+    finally:
+        restore_install(saved)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """argv-style entry: ``[--quick] [--json] [--only SECTION[,SECTION]] [--rounds N]``."""
+    p = argparse.ArgumentParser(prog="python -m monstack bench", description="what monstack costs, as ratios measured in one run")
+    p.add_argument("--quick", action="store_true", help="smaller sizes, 3 rounds (< 30 s)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--only", default="", help="comma-separated sections: " + ",".join(SECTIONS))
+    p.add_argument("--rounds", type=int, default=None, help="rounds of every section (default 7, --quick 3; op-queue pairs: 21, --quick 5)")
+    p.add_argument("--config", choices=sorted(CONFIGS), default=None, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    cfg = CONFIGS[args.config or ("quick" if args.quick else "full")]()
+    if args.rounds:
+        cfg.rounds = cfg.opqueue_rounds = max(1, args.rounds)
+    sections = [s.strip() for s in args.only.split(",") if s.strip()] or None
+    run(as_json=args.json, config=cfg, sections=sections)
+    return 0
