@@ -80,9 +80,9 @@ def install_params() -> set:
 
 def backend_reasons() -> dict:
     try:
-        from monstack import _backend
+        from monstack import _select
 
-        return dict(_backend.reasons())
+        return dict(_select.reasons())
     except Exception as exc:  # a half-built backend must not break the bench
         return {"monitoring": None if _env.HAS_SYSMON else "needs 3.12+", "walk": None, "error": repr(exc)}
 
@@ -274,12 +274,7 @@ class EmptyCallbacks:
 
 
 def propagation_points() -> tuple:
-    try:
-        from monstack import _propagate
-
-        return tuple(getattr(_propagate, "PROPAGATION_POINTS", ()))
-    except Exception:
-        return ()
+    return tuple(monstack.PROPAGATION_POINTS)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -407,13 +402,7 @@ def saved_install() -> Optional[dict]:
     try:
         from monstack import _install
 
-        current = getattr(_install, "current_options", None)
-        if current is not None:
-            options = current()
-            return dict(options) if options is not None else None
-        # lead: drop fallback
-        state = _install._state
-        return dict(state.options) if state is not None else None
+        return _install.current_options()
     except Exception:
         return None
 
