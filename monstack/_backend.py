@@ -13,7 +13,7 @@ None (it can) or the reason it cannot, as a sentence for ``python -m monstack in
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, NamedTuple, Optional, Protocol
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Optional, Protocol
 
 if TYPE_CHECKING:  # typing only: nothing here is imported at run time
     from types import FrameType
@@ -38,10 +38,10 @@ class Host(NamedTuple):
 class Backend(Protocol):
     """One way of keeping stacks. Constructed as ``cls(policy, host, accelerator=...)``."""
 
-    #: ``"monitoring"``, ``"evalframe"`` or ``"walk"``.
-    name: ClassVar[str]
+    #: ``"monitoring"``, ``"evalframe"`` or ``"walk"`` (a class attribute).
+    name: str
     #: Keeps shadow stacks (True) or walks the real frames at each capture (False).
-    tracking: ClassVar[bool]
+    tracking: bool
 
     #: Optional native fast paths, None where the backend has none (or retired them):
     #: the whole O(1) case of ``snapshot()`` (called from inside it: returns the finished

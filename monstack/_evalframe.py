@@ -627,8 +627,8 @@ class EvalFrameBackend:
         return _foreign_reason(nat)
 
     #: The shim has no native snapshot path (yet): snapshot() takes its Python fast path.
-    snapshot_native = None
-    capture_native = None
+    snapshot_native: Optional[Callable[[], Any]] = None
+    capture_native: Optional[Callable[[], Any]] = None
 
     def __init__(self, policy: Policy, host: Host, accelerator: Optional[bool] = None) -> None:
         """``accelerator`` is ignored: this backend is the native shim or nothing."""

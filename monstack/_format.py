@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import linecache
 import sys
-from typing import IO, Iterable, Optional, Sequence, Union
+from typing import IO, Any, Iterable, Optional, Sequence, Union
 
 from ._colorize import ANSI, resolve
 
@@ -71,7 +71,7 @@ def format_records(records: Sequence[Sequence], color: bool = False, limit: Opti
     """Frame records (outermost first) -> lines, recursion collapsed, middle elided."""
     if limit is None:
         limit = MAX_FRAMES
-    items = _collapse(records)
+    items: list[Any] = _collapse(records)
     shown = [i for i, item in enumerate(items) if not isinstance(item, int)]
     omitted_at = None
     omitted = 0

@@ -52,7 +52,7 @@ def install(
     if accelerator is not None and not isinstance(accelerator, bool):
         raise ValueError(f"accelerator must be None, True or False, got {accelerator!r}")
     global _failure_reported
-    options = {
+    options: dict[str, Any] = {
         "backend": backend,
         "track": track,
         "include": tuple(include) if not isinstance(include, str) else (include,),

@@ -185,6 +185,7 @@ def _bind_thread(thread: threading.Thread) -> Optional[tuple]:
         had = "run" in thread.__dict__
         previous = thread.__dict__.get("run")
         run = thread.run
+        bound: Any = None
 
         def run_with_origin() -> None:
             nonlocal thread, bound, run
@@ -201,7 +202,7 @@ def _bind_thread(thread: threading.Thread) -> Optional[tuple]:
             finally:
                 CURRENT_ORIGIN.reset(token)
                 _unbind_thread(thread, bound)
-                thread = bound = run = None  # no cycle through this closure: the Thread is freed by refcount
+                thread = bound = run = None  # type: ignore[assignment]  # no cycle through this closure: the Thread is freed by refcount
 
         bound = (run_with_origin, had, previous)
         thread.run = run_with_origin  # type: ignore[method-assign]

@@ -61,7 +61,7 @@ def choose(requested: Optional[str]) -> "tuple[type[Backend], str]":
         if why_not:
             raise RuntimeError(f"backend {choice!r} cannot run here: {why_not}")
         return cls, f"requested ({choice})"
-    skipped = []
+    skipped: list[str] = []
     for name in AUTO_ORDER:
         cls = backend_class(name)
         why_not = cls.unavailable()

@@ -181,7 +181,7 @@ class Snapshot(tuple):
         (default: the installed ``chain_limit``), and how many older hops are not among them."""
         if limit is None:
             limit = CHAIN_LIMIT
-        out = []
+        out: list[Snapshot] = []
         snap = self._origin
         while snap is not None and len(out) < limit:
             out.append(snap)
@@ -253,7 +253,7 @@ class Snapshot(tuple):
         return result if result is NotImplemented else not result
 
     __lt__ = __le__ = __gt__ = __ge__ = lambda self, other: NotImplemented  # no ordering
-    __add__ = __mul__ = __rmul__ = lambda self, other: NotImplemented  # not a sequence of fields
+    __add__ = __mul__ = __rmul__ = lambda self, other: NotImplemented  # type: ignore[assignment]  # not a sequence of fields
 
     def __hash__(self) -> int:
         return hash(self.records())
@@ -289,7 +289,7 @@ def _compacted(snap: Snapshot, limit: int) -> Snapshot:
     entry = _COMPACTED.get(id(snap))
     if entry is not None and entry[0] is snap and entry[1] == limit:
         return entry[2]
-    keep = []
+    keep: list[Snapshot] = []
     s: Optional[Snapshot] = snap
     while s is not None and len(keep) < limit:
         keep.append(s)

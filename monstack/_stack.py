@@ -30,7 +30,7 @@ from __future__ import annotations
 import _thread
 import sys
 from types import CodeType, FrameType
-from typing import TYPE_CHECKING, Callable, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Optional, Tuple
 
 if TYPE_CHECKING:
     from ._policy import Policy
@@ -185,7 +185,7 @@ def build(
             codes.append(code)
             lastis.append(f.f_lasti)
         f = f.f_back
-    node: Optional[Node] = None
+    node: Any = None  # Optional[Node]; mypy cannot follow the recursive tuple
     n = len(codes)
     if doubtful >= 0:
         # _fill compares codes down to the first known node. Stale nodes on top of a run

@@ -7,20 +7,21 @@ compares against. A snapshot costs O(depth) but produces the same nodes.
 from __future__ import annotations
 
 from types import FrameType
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from . import _stack
 from ._policy import Policy
 
 if TYPE_CHECKING:
     from ._backend import Host
+    from ._snapshot import Snapshot
 
 
 class WalkBackend:
     name = "walk"
     tracking = False
-    snapshot_native = None
-    capture_native = None
+    snapshot_native: "Optional[Callable[[], Optional[Snapshot]]]" = None
+    capture_native: "Optional[Callable[[], Snapshot]]" = None
 
     @staticmethod
     def unavailable() -> Optional[str]:

@@ -98,7 +98,7 @@ def _origin_text(snap: Snapshot, color: bool) -> str:
     except Exception:
         pass
     try:  # the core cannot render chains: the snapshot's own frames, hop by hop
-        parts = []
+        parts: list[str] = []
         hop: Optional[Snapshot] = snap
         while hop is not None and len(parts) < 8:
             parts.append(ORIGIN_HEADING + "\n" + hop.format(color=False))

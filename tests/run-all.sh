@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Run the test suite on every supported CPython (3.11, 3.12, 3.13) found on this machine.
-# Each interpreter gets a fresh venv under .venvs/ with monstack installed (editable) plus
-# its test extra. Fails if a supported interpreter is missing or any run fails.
-# Extra arguments go to pytest.
+# Run the test suite on every supported CPython (3.11, 3.12, 3.13) found on this machine,
+# in every configuration (`python -m monstack _test-configs`: native and pure-Python
+# callbacks where both exist), then mypy once on 3.12. Each interpreter gets a venv under
+# .venvs/ with monstack installed (editable) plus its test extra. Fails if a supported
+# interpreter is missing or any run fails. Extra arguments go to pytest.
 set -u
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -42,6 +43,19 @@ for v in "${want[@]}"; do
     else summary+=("$v/$run: passed"); fi
   done
 done
+# The backend contract and the rest of the package, type-checked once (pyproject's [tool.mypy]).
+typecheck=3.12
+venv="$root/.venvs/py$typecheck"
+if [ -x "$venv/bin/python" ]; then
+  echo "== mypy (CPython $typecheck)"
+  if "$venv/bin/python" -m pip install -q --disable-pip-version-check -e "$root[test,typecheck]" \
+      && "$venv/bin/python" -m mypy; then
+    summary+=("mypy: passed")
+  else
+    summary+=("mypy: FAILED"); status=1
+  fi
+fi
+
 echo "== summary"
 printf '  %s\n' "${summary[@]}"
 exit $status

@@ -41,7 +41,6 @@ import os
 import sys
 import time
 import traceback
-import types
 import warnings
 from typing import Any, Optional, Sequence
 
@@ -117,7 +116,7 @@ def run(
     return results
 
 
-def _run_sections(cfg: Config, w: types.ModuleType, sections: list, results: dict, saved: Optional[dict]) -> None:
+def _run_sections(cfg: Config, w: Any, sections: list, results: dict, saved: Optional[dict]) -> None:
     try:
         for section, fn in (("snapshot", snapshot_costs), ("tax", tracking_tax), ("opqueue", opqueue), ("memory", memory)):
             if section in sections:

@@ -46,7 +46,7 @@ from ._workloads import FRAMEWORK_MODULE, WORKLOAD_MODULE, OpQueue, make_framewo
 
 
 def _plain_walk() -> list:
-    f = sys._getframe(1)
+    f: Optional[types.FrameType] = sys._getframe(1)
     out = []
     while f is not None:
         out.append((f.f_code, f.f_lasti))
@@ -123,14 +123,14 @@ def _frames_in(result: Any) -> Optional[int]:
     return None
 
 
-def snapshot_costs(cfg: Config, w: Optional[types.ModuleType] = None) -> dict:
+def snapshot_costs(cfg: Config, w: Any = None) -> dict:
     """Seconds per capture at each depth for each method; frames each capture returned."""
     w = w or make_workloads()
     at_depth, snap_loop = w.at_depth, w.snap_loop
     snap = monstack.snapshot
     accel, _why = accelerator_variants()
 
-    methods: list[tuple[str, Callable, Mode]] = []
+    methods: list[tuple[str, Any, Mode]] = []
     none = Mode("none", nothing, nothing)
     for backend in tracking_backends():
         if accel and backend == "monitoring":
@@ -166,7 +166,7 @@ def snapshot_costs(cfg: Config, w: Optional[types.ModuleType] = None) -> dict:
             mode.enter()
             try:
                 fn = _resolve(fn)
-                sizes[name, depth] = calibrate(lambda n, fn=fn: at_depth(depth, snap_loop, fn, n), cfg.target, 16)
+                sizes[name, depth] = calibrate(lambda n, fn=fn: at_depth(depth, snap_loop, fn, n), cfg.target, 16)  # type: ignore[misc]
                 got = at_depth(depth, fn)
                 out["frames"][name][str(depth)] = _frames_in(got)
                 if mode.info:
@@ -272,7 +272,7 @@ def _modes_for_tax(*, filtered: bool, default: bool = True, extra: Sequence[Mode
     return modes + list(extra), skipped
 
 
-def tracking_tax(cfg: Config, w: Optional[types.ModuleType] = None) -> dict:
+def tracking_tax(cfg: Config, w: Any = None) -> dict:
     """Tracked time / untracked time per workload and mode."""
     w = w or make_workloads()
     monstack.uninstall()
@@ -382,7 +382,7 @@ def _opqueue_modes(oq: OpQueue, diagnostics: bool = True) -> tuple[list[Mode], d
     return modes, skipped
 
 
-def opqueue(cfg: Config, w: Optional[types.ModuleType] = None) -> dict:
+def opqueue(cfg: Config, w: Any = None) -> dict:
     w = w or make_workloads()
     fw = make_framework()
     fw.LAYERS = cfg.opqueue_layers
@@ -454,8 +454,16 @@ def _crossover(cfg: Config, oq: OpQueue, main: dict) -> dict:
     """Default policy / no capture as the op gets lighter (fewer dispatch layers)."""
     if not tracking_backends():
         return {"skipped": "no tracking backend can run here"}
-    none = Mode("no capture", lambda: (nothing(), oq.configure(False))[1], nothing)
-    tracked = Mode("default policy", lambda: (installer()(), oq.configure(True))[1], nothing)
+    def no_capture() -> None:
+        nothing()
+        oq.configure(False)
+
+    def default_policy() -> None:
+        installer()()
+        oq.configure(True)
+
+    none = Mode("no capture", no_capture, nothing)
+    tracked = Mode("default policy", default_policy, nothing)
     points = []
     for layers in cfg.crossover_layers:
         oq.fw.LAYERS = layers
@@ -511,7 +519,7 @@ def peak_rss_bytes() -> int:
     return peak if sys.platform == "darwin" else peak * 1024
 
 
-def _bytes_per_snapshot(w: types.ModuleType, fill: Callable, n: int, depth: int) -> dict:
+def _bytes_per_snapshot(w: Any, fill: Callable, n: int, depth: int) -> dict:
     import tracemalloc
 
     out: dict = {"snapshots": n}
@@ -560,7 +568,7 @@ def frames_reachable(roots: Sequence[Any], limit: int = 100_000) -> int:
     return frames
 
 
-def _liveness(w: types.ModuleType, depth: int) -> dict:
+def _liveness(w: Any, depth: int) -> dict:
     ref, snaps = w.liveness(depth)
     dead_without_gc = ref() is None
     gc.collect()
@@ -576,7 +584,7 @@ def _liveness(w: types.ModuleType, depth: int) -> dict:
     }
 
 
-def memory(cfg: Config, w: Optional[types.ModuleType] = None) -> dict:
+def memory(cfg: Config, w: Any = None) -> dict:
     w = w or make_workloads()
     out: dict = {"depth": cfg.memory_depth, "runs": {}, "liveness": {}}
     try:

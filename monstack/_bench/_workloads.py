@@ -401,20 +401,21 @@ def _framework_filename() -> str:
     return os.path.join(base, "monstack_bench_framework", "ops.py")
 
 
-def _make_module(name: str, src: str, filename: str) -> types.ModuleType:
+def _make_module(name: str, src: str, filename: str) -> Any:
+    """A module made from source at run time (typed Any: its names are the source's)."""
     mod = types.ModuleType(name)
     mod.__file__ = filename
     exec(compile(src, filename, "exec"), mod.__dict__)
     return mod
 
 
-def make_workloads() -> types.ModuleType:
+def make_workloads() -> Any:
     mod = _make_module(WORKLOAD_MODULE, _WORKLOAD_SRC, "<monstack-bench-workload>")
     mod.snapshot = monstack.snapshot
     return mod
 
 
-def make_framework() -> types.ModuleType:
+def make_framework() -> Any:
     return _make_module(FRAMEWORK_MODULE, _FRAMEWORK_SRC, _framework_filename())
 
 
@@ -424,7 +425,7 @@ class OpQueue:
 
     N_BLOCKS = 4
 
-    def __init__(self, w: types.ModuleType, fw: types.ModuleType, ops: int, depth: int) -> None:
+    def __init__(self, w: Any, fw: Any, ops: int, depth: int) -> None:
         import queue
 
         self.w = w
@@ -461,7 +462,7 @@ class OpQueue:
         thread start per run would add its own noise, and monstack's per-thread cost,
         to every run)."""
         if self._running is None:
-            q = self._queue_cls()
+            q: Any = self._queue_cls()
             self.fw._put = q.put
             worker = self.fw.Worker(q.get)
             worker.thread.start()
