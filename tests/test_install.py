@@ -1,4 +1,5 @@
-"""install() / uninstall(): choices, idempotence, thread safety, restoring everything."""
+"""install() / uninstall(): choices, idempotence, thread safety, restoring everything
+(which backend is chosen, and why: test_select.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from conftest import CONFIG, expected_backend, needs_sysmon, tracking
 from stackcheck import captures_for_library_snapshots, check, library_module, real_records, shadow_records
 
 import monstack
-from monstack import _select, _stack
+from monstack import _stack
 
 
 def test_install_returns_backend_and_uninstall_is_idempotent():
@@ -39,24 +40,6 @@ def test_bad_options_raise_valueerror_naming_valid_choices(kwargs, fragment):
         monstack.install(**kwargs)
     assert fragment in str(info.value)
     assert monstack.active_backend() is None
-
-
-def test_env_backend_is_honoured_and_checked(monkeypatch):
-    monkeypatch.setenv("MONSTACK_BACKEND", "walk")
-    assert monstack.install() == "walk"
-    monstack.uninstall()
-    monkeypatch.setenv("MONSTACK_BACKEND", "bogus")
-    with pytest.raises(ValueError, match="MONSTACK_BACKEND='bogus'"):
-        monstack.install()
-
-
-def test_unavailable_backend_requested_explicitly_says_why():
-    reasons = _select.reasons()
-    missing = [name for name, why in reasons.items() if why]
-    if not missing:
-        pytest.skip("every backend is available here")
-    with pytest.raises(RuntimeError, match="cannot run here"):
-        monstack.install(backend=missing[0])
 
 
 def test_walk_backend_explicitly():
