@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import io
 import os
 import sys
 
@@ -58,3 +59,26 @@ tracking = pytest.mark.skipif(
     expected_backend() == "walk", reason="no tracking backend on this interpreter (walk only)"
 )
 needs_sysmon = pytest.mark.skipif(not _env.HAS_SYSMON, reason="sys.monitoring needs 3.12+")
+
+
+class FakeStream(io.StringIO):
+    """A text stream without a file descriptor that says whether it is a terminal."""
+
+    def __init__(self, tty: bool) -> None:
+        super().__init__()
+        self.tty = tty
+
+    def isatty(self) -> bool:
+        return self.tty
+
+    def fileno(self) -> int:
+        raise io.UnsupportedOperation
+
+
+def chain_of(n: int) -> monstack.Snapshot:
+    """A snapshot whose origin chain is ``n`` hops long (each hop taken under the previous)."""
+    snap = None
+    for _ in range(n + 1):
+        with monstack.origin(snap):
+            snap = monstack.snapshot()
+    return snap

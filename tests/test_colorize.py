@@ -11,24 +11,14 @@ from pathlib import Path
 
 import pytest
 
+from conftest import FakeStream
+
 from monstack import _colorize
 
 REPO = Path(__file__).resolve().parent.parent
 COLOR_VARS = ("PYTHON_COLORS", "NO_COLOR", "FORCE_COLOR", "TERM", "MONSTACK_COLOR")
 
 
-class _Stream(io.StringIO):
-    """A text stream without a file descriptor that says whether it is a terminal."""
-
-    def __init__(self, tty: bool) -> None:
-        super().__init__()
-        self.tty = tty
-
-    def isatty(self) -> bool:
-        return self.tty
-
-    def fileno(self) -> int:
-        raise io.UnsupportedOperation
 
 
 @pytest.fixture
@@ -84,7 +74,7 @@ def test_colour_rules_follow_cpython(monkeypatch, env, isatty, expected):
 def test_empty_and_other_values_and_the_order_of_the_rules(clean_env, env, isatty, expected):
     for k, v in env.items():
         clean_env.setenv(k, v)
-    assert _colorize.can_colorize(_Stream(isatty)) is expected
+    assert _colorize.can_colorize(FakeStream(isatty)) is expected
 
 
 @pytest.mark.parametrize("env, expected", [({"PYTHON_COLORS": "1"}, False), ({"PYTHON_COLORS": "0", "FORCE_COLOR": "1"}, True)])
@@ -100,9 +90,9 @@ def test_python_colors_is_ignored_under_dash_E(env, expected):
 
 
 def test_default_file_is_sys_stdout(clean_env):
-    clean_env.setattr(sys, "stdout", _Stream(True))
+    clean_env.setattr(sys, "stdout", FakeStream(True))
     assert _colorize.can_colorize() is True
-    clean_env.setattr(sys, "stdout", _Stream(False))
+    clean_env.setattr(sys, "stdout", FakeStream(False))
     assert _colorize.can_colorize() is False
 
 
@@ -146,7 +136,7 @@ def test_a_real_terminal_is_coloured(clean_env):
 def test_resolve_an_explicit_color_wins_over_everything(clean_env, color):
     clean_env.setenv("MONSTACK_COLOR", "never" if color else "always")
     clean_env.setenv("FORCE_COLOR" if not color else "NO_COLOR", "1")
-    assert _colorize.resolve(color, _Stream(not color)) is bool(color)
+    assert _colorize.resolve(color, FakeStream(not color)) is bool(color)
 
 
 @pytest.mark.parametrize(
@@ -167,21 +157,21 @@ def test_resolve_an_explicit_color_wins_over_everything(clean_env, color):
 def test_resolve_none_reads_monstack_color_then_the_rules(clean_env, value, isatty, expected):
     if value is not None:
         clean_env.setenv("MONSTACK_COLOR", value)
-    assert _colorize.resolve(None, _Stream(isatty)) is expected
+    assert _colorize.resolve(None, FakeStream(isatty)) is expected
 
 
 def test_resolve_monstack_color_never_beats_force_color_and_always_beats_no_color(clean_env):
     clean_env.setenv("FORCE_COLOR", "1")
     clean_env.setenv("MONSTACK_COLOR", "never")
-    assert _colorize.resolve(None, _Stream(True)) is False
+    assert _colorize.resolve(None, FakeStream(True)) is False
     clean_env.delenv("FORCE_COLOR")
     clean_env.setenv("NO_COLOR", "1")
     clean_env.setenv("MONSTACK_COLOR", "always")
-    assert _colorize.resolve(None, _Stream(False)) is True
+    assert _colorize.resolve(None, FakeStream(False)) is True
 
 
 def test_resolve_without_a_file_decides_for_sys_stdout(clean_env):
-    clean_env.setattr(sys, "stdout", _Stream(True))
+    clean_env.setattr(sys, "stdout", FakeStream(True))
     assert _colorize.resolve(None) is True
-    clean_env.setattr(sys, "stdout", _Stream(False))
+    clean_env.setattr(sys, "stdout", FakeStream(False))
     assert _colorize.resolve(None) is False

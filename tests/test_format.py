@@ -3,13 +3,14 @@
 
 from __future__ import annotations
 
-import io
 import os
 import sys
 import traceback
 import types
 
 import pytest
+
+from conftest import FakeStream, chain_of
 
 import monstack
 from monstack import _format, _snapshot
@@ -24,18 +25,6 @@ def _recs(*names: str) -> list:
     return [(f"{name}.py", i + 1, name, None, None, None) for i, name in enumerate(names)]
 
 
-class _Stream(io.StringIO):
-    """A text stream without a file descriptor that says whether it is a terminal."""
-
-    def __init__(self, tty: bool) -> None:
-        super().__init__()
-        self.tty = tty
-
-    def isatty(self) -> bool:
-        return self.tty
-
-    def fileno(self) -> int:
-        raise io.UnsupportedOperation
 
 
 class _Hop:
@@ -58,13 +47,6 @@ class _Hop:
         return _snapshot.DEFAULT_CHAIN_LIMIT
 
 
-def _chain_of(n: int) -> monstack.Snapshot:
-    """A snapshot whose origin chain is ``n`` hops long (each hop taken under the previous)."""
-    snap = None
-    for _ in range(n + 1):
-        with monstack.origin(snap):
-            snap = monstack.snapshot()
-    return snap
 
 
 def _failed(note=None) -> Exception:
@@ -223,7 +205,7 @@ def test_format_snapshot_decides_colour_for_the_given_file(monkeypatch, env, col
         monkeypatch.delenv(var, raising=False)
     for k, v in env.items():
         monkeypatch.setenv(k, v)
-    text = _format.format_snapshot(_inner(), color=color, file=_Stream(tty))
+    text = _format.format_snapshot(_inner(), color=color, file=FakeStream(tty))
     assert ("\x1b[35m" in text) is coloured
     assert "_inner" in text
 
@@ -243,7 +225,7 @@ def test_format_origin_lists_the_hops_newest_first():
     lines = _format.format_origin(_Hop(_recs("new"), older=[_Hop(_recs("mid")), _Hop(_recs("old"))]))
     assert lines == [ORIGIN, '  File "new.py", line 1, in new\n', HOP, '  File "mid.py", line 1, in mid\n',
                      HOP, '  File "old.py", line 1, in old\n']
-    snap = _chain_of(2)
+    snap = chain_of(2)
     lines = _format.format_origin(snap)
     assert [line for line in lines if line in (ORIGIN, HOP)] == [ORIGIN, HOP, HOP]
     assert not any("dropped" in line for line in lines)
@@ -261,7 +243,7 @@ def test_format_origin_lists_the_hops_newest_first():
 ])
 def test_format_origin_drops_older_hops_and_says_how_many(limit, shown, last):
     # the origin and its 5 older hops: ``limit`` of those 6 shown (the origin counts)
-    lines = _format.format_origin(_chain_of(5), limit=limit)
+    lines = _format.format_origin(chain_of(5), limit=limit)
     assert sum(1 for line in lines if line in (ORIGIN, HOP)) == shown
     if last is None:
         assert not any("dropped" in line for line in lines)
@@ -270,7 +252,7 @@ def test_format_origin_drops_older_hops_and_says_how_many(limit, shown, last):
 
 
 def test_format_origin_in_colour():
-    lines = _format.format_origin(_chain_of(3), color=True, limit=2)
+    lines = _format.format_origin(chain_of(3), color=True, limit=2)
     assert lines[0] == f"{ANSI.BOLD}{_format.ORIGIN_HEADING}{ANSI.RESET}\n"
     assert f"{ANSI.BOLD}{_format.HOP_HEADING}{ANSI.RESET}\n" in lines
     assert lines[-1] == f"{ANSI.GREY}[2 more hops dropped (chain_limit=2)]{ANSI.RESET}\n"
@@ -278,12 +260,12 @@ def test_format_origin_in_colour():
 
 def test_format_origin_default_limit_is_the_installed_chain_limit():
     monstack.install(chain_limit=3)
-    lines = _format.format_origin(_chain_of(5))  # 6 snapshots: 3 shown
+    lines = _format.format_origin(chain_of(5))  # 6 snapshots: 3 shown
     assert sum(1 for line in lines if line in (ORIGIN, HOP)) == 3
     assert lines[-1] == "[3 more hops dropped (chain_limit=3)]\n"
     monstack.uninstall()  # back to the default
     n = _snapshot.DEFAULT_CHAIN_LIMIT
-    lines = _format.format_origin(_chain_of(n + 1))  # n + 2 snapshots: n shown
+    lines = _format.format_origin(chain_of(n + 1))  # n + 2 snapshots: n shown
     assert sum(1 for line in lines if line in (ORIGIN, HOP)) == n
     assert lines[-1] == f"[2 more hops dropped (chain_limit={n})]\n"
 
@@ -325,7 +307,7 @@ def test_format_traceback_is_cpythons_without_our_note_only():
 def test_format_exception_keeps_our_note_without_an_origin_and_replaces_it_with_one():
     exc = _failed(_format.ORIGIN_HEADING + "\n  (no tracked frames)")
     assert _format.format_exception(exc).count(_format.ORIGIN_HEADING) == 1
-    origin = _chain_of(0)
+    origin = chain_of(0)
     text = _format.format_exception(exc, origin)
     assert text.count(_format.ORIGIN_HEADING) == 1
     assert text.endswith("".join(_format.format_origin(origin)))
@@ -366,4 +348,4 @@ def test_the_traceback_part_is_coloured_only_where_cpython_colours_it():
         assert "\x1b[" in coloured
     else:  # CPython's own rendering, uncoloured (not a fallback)
         assert coloured == _format.format_traceback(exc, color=False) == "".join(traceback.format_exception(exc))
-    assert "\x1b[" in _format.format_exception(exc, _chain_of(0), color=True)  # our part always
+    assert "\x1b[" in _format.format_exception(exc, chain_of(0), color=True)  # our part always

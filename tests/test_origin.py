@@ -14,6 +14,8 @@ from typing import Any, Optional
 
 import pytest
 
+from conftest import chain_of
+
 import stackcheck
 
 import monstack
@@ -401,20 +403,13 @@ def test_exception_without_origin_formats_like_cpython():
 # -- the chain and its cap ----------------------------------------------------------------------------
 
 
-def _chain_of(n: int) -> monstack.Snapshot:
-    """A snapshot whose origin chain is ``n`` hops long (each hop taken under the previous)."""
-    snap = None
-    for _ in range(n + 1):
-        with origin(snap):
-            snap = monstack.snapshot()
-    return snap
 
 
 @pytest.mark.parametrize("limit", [1, 3, 8])
 def test_cap_counts_and_keeps_memory_flat(limit):
     monstack.install(chain_limit=limit)
     for n in (0, 1, limit - 1, limit, limit + 1, 2 * limit, 5 * limit + 3, 500):
-        snap = _chain_of(n)
+        snap = chain_of(n)
         shown, dropped = snap.chain()
         assert len(shown) == min(n, limit), n
         assert len(shown) + dropped == n, n
@@ -430,7 +425,7 @@ def test_cap_counts_and_keeps_memory_flat(limit):
 def test_cap_message_in_reports():
     monstack.install(chain_limit=2)
     exc = Boom("deep")
-    attach(exc, _chain_of(6))  # the origin plus 6 older hops: 2 shown, 5 dropped
+    attach(exc, chain_of(6))  # the origin plus 6 older hops: 2 shown, 5 dropped
     text = format_exception(exc, color=False)
     assert text.count("created at (most recent call last):") == 2
     assert "[5 more hops dropped (chain_limit=2)]" in text
@@ -439,7 +434,7 @@ def test_cap_message_in_reports():
 
 def test_many_snapshots_under_one_long_origin_share_one_shortened_copy():
     monstack.install(chain_limit=2)
-    deep = _chain_of(3)  # 3 hops: the next snapshot under it reaches 2 * limit
+    deep = chain_of(3)  # 3 hops: the next snapshot under it reaches 2 * limit
     with origin(deep):
         a, b = monstack.snapshot(), monstack.snapshot()
     assert a.origin is b.origin  # shortened once, cached
