@@ -235,6 +235,13 @@ def _make_submit(point: str) -> Callable[[Any], Any]:
             snap = _take()
             if snap is None:
                 return original(self, fn, *args, **kwargs)
+            if _crosses_interpreters(self):
+                # 3.14+: the callable must be shareable with another interpreter as the
+                # user gave it (a wrapper is not): it runs unwrapped, and the exception
+                # it raised gets the origin in this interpreter, when the future fails.
+                future = original(self, fn, *args, **kwargs)
+                _attach_when_done(future, snap)
+                return future
             future = original(self, _WithOrigin(fn, snap), *args, **kwargs)
             if point == "process_pool":
                 _attach_when_done(future, snap)
@@ -245,16 +252,37 @@ def _make_submit(point: str) -> Callable[[Any], Any]:
     return make
 
 
-def _attach_when_done(future: Any, snap: Any) -> None:
-    """Parent side of a process pool: attach the origin if the pickled exception lost it.
+def _crosses_interpreters(executor: Any) -> bool:
+    """An ``InterpreterPoolExecutor`` (3.14+; a ThreadPoolExecutor subclass)?"""
+    module = sys.modules.get("concurrent.futures.interpreter")
+    cls = getattr(module, "InterpreterPoolExecutor", None) if module is not None else None
+    return cls is not None and isinstance(executor, cls)
 
-    The child normally attaches it before the exception is pickled back; this catches
-    exceptions whose pickling drops attributes (it runs when the future completes, so a
-    caller already woken by ``result()`` may see the exception a moment earlier).
+
+def _attach_when_done(future: Any, snap: Any) -> None:
+    """Parent side of a process or interpreter pool: attach the origin to the exception
+    the future fails with, if it does not carry it yet.
+
+    A process pool's child normally attaches it before the exception is pickled back;
+    this catches exceptions whose pickling drops attributes, and an interpreter pool's
+    work, which runs unwrapped. While the future is pending its ``set_exception`` is an
+    instance attribute that attaches first, so a caller woken by ``result()`` already sees
+    the origin; a done callback covers a worker that looked the method up just before
+    (it attaches a moment after the wake-up) and removes the instance attribute.
     """
+    set_exception = future.set_exception
+
+    def attach_then_set(exception: BaseException) -> None:
+        try:
+            if isinstance(exception, Exception):
+                _attach_if_absent(exception, snap)
+        except Exception:
+            pass
+        set_exception(exception)
 
     def done(fut: Any) -> None:
         try:
+            fut.__dict__.pop("set_exception", None)  # also breaks fut -> closure -> fut
             if not fut.cancelled():
                 exc = fut._exception  # not .exception(): never wait, never mark anything
                 if isinstance(exc, Exception):
@@ -263,21 +291,25 @@ def _attach_when_done(future: Any, snap: Any) -> None:
             pass
 
     try:
+        future.set_exception = attach_then_set
         future.add_done_callback(done)
     except Exception:
         pass
 
 
+# Each class is patched in the module that defines it (the trigger in _TRIGGERS), never
+# through ``concurrent.futures``: on 3.15 that package's names are lazy imports (PEP 810)
+# that cannot be resolved while the defining module's own import finishes.
 def _apply_thread_pool() -> None:
-    from concurrent.futures import ThreadPoolExecutor
+    import concurrent.futures.thread as cf_thread
 
-    _patch(ThreadPoolExecutor, "submit", _make_submit("thread_pool"))
+    _patch(cf_thread.ThreadPoolExecutor, "submit", _make_submit("thread_pool"))
 
 
 def _apply_process_pool() -> None:
-    from concurrent.futures import ProcessPoolExecutor
+    import concurrent.futures.process as cf_process
 
-    _patch(ProcessPoolExecutor, "submit", _make_submit("process_pool"))
+    _patch(cf_process.ProcessPoolExecutor, "submit", _make_submit("process_pool"))
 
 
 # -- multiprocessing.Process ----------------------------------------------------------------------
