@@ -311,8 +311,8 @@ class MonitoringBackend:
         if self.accelerator is None and _accel.env_disabled():
             self.accel_reason = "turned off (MONSTACK_ACCELERATOR=0)"
             return False
-        ok, why = _accel.available()
-        if not ok:
+        why = _accel.unavailable()
+        if why:
             if self.accelerator:
                 raise RuntimeError(f"accelerator=True but the native callbacks cannot run here: {why}")
             self.accel_reason = why
