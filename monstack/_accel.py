@@ -1,12 +1,12 @@
 """Native ``sys.monitoring`` callbacks (CPython 3.12 / 3.13, GIL builds, Linux x86-64/aarch64).
 
 The machine code (``native/sysmon.c``, built by ``native/build.py`` into
-``monstack/_native/sysmon3XX-<arch>.bin``, loaded by ``_native``) keeps exactly the shadow stack of the
-pure-Python callbacks of ``_sysmon._callbacks``: same nodes, same ``TLS.cell``, same
-resync rules, same per-file policy decision and DISABLE for filtered code. Its hot
-path (tracked push/pop) runs no Python code; the policy is consulted in Python once per
-undecided file, and seeding/resync call the same ``_stack.build`` as the Python
-callbacks. PY_THROW (a throw into a generator: rare, never per call) keeps the
+``monstack/_native/sysmon3XX-<arch>.bin``, loaded by ``_native``) keeps exactly the
+shadow stack of the pure-Python callbacks of ``_sysmon._callbacks``: same nodes, same
+``TLS.cell``, same resync rules, same per-file policy decision and DISABLE for filtered
+code. Its hot path (tracked push/pop) runs no Python code; the policy is consulted in
+Python once per undecided file, and seeding/resync call the same ``_stack.build`` as
+the Python callbacks. PY_THROW (a throw into a generator: rare, never per call) keeps the
 pure-Python callback unless asked otherwise, so its delegating-generator repair rules
 are the Python ones by construction.
 
@@ -75,7 +75,8 @@ def unavailable() -> Optional[str]:
 
 def available() -> Tuple[bool, str]:
     """``(True, "native")`` or ``(False, why)``: ``unavailable()`` for the callers
-    not moved to it yet (``__main__``'s test configurations, the bench)."""
+    not moved to it yet (``snapshot_new``, ``__main__``'s test configurations, the
+    bench); to be removed with them."""
     why = unavailable()
     return (False, why) if why else (True, "native")
 

@@ -1,20 +1,22 @@
 """The ``evalframe`` backend: a native PEP 523 eval_frame shim keeps the stacks (CPython 3.11).
 
 CPython 3.11 has no ``sys.monitoring``. This backend installs machine code (built from
-``native/shim311.c`` by ``native/build.py``, stored in ``monstack/_native/``, loaded by
-``_native``) as the
+``native/shim311.c`` by ``native/build.py``, stored in ``monstack/_native/``) as the
 interpreter's frame-evaluation function with ``_PyInterpreterState_SetEvalFrameFunc``.
 The shim pushes and pops the nodes of ``monstack._stack`` natively for every frame of
 tracked code; filtered code costs one cached check. No compiler is needed here: the
-code is relocation-free, and every function and object it uses is reached through a
-table this module fills in with ctypes.
+code is relocation-free, and every function and object it uses is reached through an
+address table.
 
-The loader (``_native.load_copy``) maps the code, fills its address table and makes the
-code pages read+execute, its data area (``struct ms_data``) read-write; this module
-writes the data area's fields. ``EvalFrameBackend``: checks that this interpreter is one the code was built for
-  (version, architecture, every struct offset the code relies on, probed from real
-  frames and thread states), installs, uninstalls, and notices when another PEP 523
-  user replaces the shim.
+Two parts:
+
+- loading: ``_native.load_copy`` maps the code, fills its address table and makes the
+  code pages read+execute (its data area, ``struct ms_data``, stays read-write); this
+  module writes the data area's fields, once it has checked that this interpreter is
+  one the code was built for (version, architecture, every struct offset the code
+  relies on, probed from real frames and thread states);
+- ``EvalFrameBackend``: installs, uninstalls, and notices when another PEP 523 user
+  replaces the shim.
 """
 
 from __future__ import annotations
