@@ -61,7 +61,7 @@ def _test_configs(args: argparse.Namespace) -> int:
     if _env.HAS_SYSMON:
         from monstack import _accel
 
-        if _accel.available()[0]:
+        if _accel.unavailable() is None:
             print("native python")
             return 0
     print("default")

@@ -1,12 +1,12 @@
 """Native ``sys.monitoring`` callbacks (CPython 3.12 / 3.13, GIL builds, Linux x86-64/aarch64).
 
-The machine code (``compat/sysmon_native.c``, built by ``compat/build_native.py`` into
-``monstack/_native/sysmon3XX-<arch>.bin``) keeps exactly the shadow stack of the
-pure-Python callbacks of ``_sysmon._callbacks``: same nodes, same ``TLS.cell``, same
-resync rules, same per-file policy decision and DISABLE for filtered code. Its hot
-path (tracked push/pop) runs no Python code; the policy is consulted in Python once per
-undecided file, and seeding/resync call the same ``_stack.build`` as the Python
-callbacks. PY_THROW (a throw into a generator: rare, never per call) keeps the
+The machine code (``native/sysmon.c``, built by ``native/build.py`` into
+``monstack/_native/sysmon3XX-<arch>.bin``, loaded by ``_native``) keeps exactly the
+shadow stack of the pure-Python callbacks of ``_sysmon._callbacks``: same nodes, same
+``TLS.cell``, same resync rules, same per-file policy decision and DISABLE for filtered
+code. Its hot path (tracked push/pop) runs no Python code; the policy is consulted in
+Python once per undecided file, and seeding/resync call the same ``_stack.build`` as
+the Python callbacks. PY_THROW (a throw into a generator: rare, never per call) keeps the
 pure-Python callback unless asked otherwise, so its delegating-generator repair rules
 are the Python ones by construction.
 
@@ -15,7 +15,7 @@ interpreter (struct offsets it was compiled with, observed through ctypes and th
 native probe compared with ``sys._getframe``) and refuses, with a reason, on any
 difference:
 
-    ok, reason = available()
+    why = unavailable()                # None: they can run here; else the reason
     callbacks(policy, tls, on_error)   # {event: callable}, like _sysmon._callbacks
 """
 
@@ -28,17 +28,18 @@ import sys
 import sysconfig
 import threading
 import types
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional
 
 from . import _native, _stack
 
-MAGIC = 0x6D6F6E73796D6F6E  # "monsymon", struct ms_api in sysmon_native.c
+MAGIC = 0x6D6F6E73796D6F6E  # "monsymon", struct ms_api in native/sysmon.c
 STATE_NAME = b"monstack.sysmon_native.state"
 COUNTERS = ("push_known", "push_unknown", "pop", "seed", "resync", "decide", "errors", "cache_miss", "events",
             "linked", "reused")
 
 _lock = threading.Lock()
-_result: Optional[Tuple[bool, str]] = None
+#: None before the first check, then "" (the native callbacks can run) or why not.
+_why: Optional[str] = None
 _blob: Optional[_native.Blob] = None
 _fns: Dict[str, Callable] = {}
 #: co_extra index for the per-code decision cache (one per process), -1 if refused.
@@ -47,29 +48,36 @@ _epoch = 0
 
 
 def blob_name() -> str:
-    return f"sysmon{sys.version_info[0]}{sys.version_info[1]}-{_native.machine()}"
+    return f"sysmon{sys.version_info[0]}{sys.version_info[1]}"
 
 
-def available() -> Tuple[bool, str]:
-    """``(True, "native")`` when the native callbacks can run here, else ``(False, why)``.
+def unavailable() -> Optional[str]:
+    """None when the native callbacks can run here, else why not (shown by ``info``).
 
     The first call loads and verifies the machine code (a few ms); later calls are free.
     """
-    global _result
-    res = _result
-    if res is None:
+    global _why
+    why = _why
+    if why is None:
         with _lock:
-            res = _result
-            if res is None:
+            why = _why
+            if why is None:
                 try:
                     _load_and_verify()
-                    res = (True, "native")
+                    why = ""
                 except _native.NativeUnavailable as exc:
-                    res = (False, str(exc))
+                    why = str(exc) or "unavailable"
                 except Exception as exc:  # never let a check crash install()
-                    res = (False, f"verification failed ({type(exc).__name__}: {exc})")
-                _result = res
-    return res
+                    why = f"verification failed ({type(exc).__name__}: {exc})"
+                _why = why
+    return why or None
+
+
+def _require() -> None:
+    """Raise ``NativeUnavailable`` (with the reason) unless the native code can run."""
+    why = unavailable()
+    if why:
+        raise _native.NativeUnavailable(why)
 
 
 def _refusal() -> Optional[str]:
@@ -95,7 +103,8 @@ def _load_and_verify() -> None:
     why = _refusal()
     if why:
         raise _native.NativeUnavailable(why)
-    blob = _native.load(blob_name(), MAGIC)
+    blob = _native.load(blob_name())
+    _verify_table(blob)
     _verify_layout(blob)
     fns = {
         "new_state": blob.function("ms_new_state", "new_state"),
@@ -162,6 +171,19 @@ def _direct(fn: Any, blob: _native.Blob, symbol: str) -> Any:
     if _vectorcall_field is not None:
         ctypes.c_void_p.from_address(id(fn) + _vectorcall_field).value = blob.addr(symbol)
     return fn
+
+
+def _verify_table(blob: _native.Blob) -> None:
+    """The blob's own table header (magic, slot count, slot names) describes the slots
+    the loader filled from the manifest."""
+    at = blob.symbols["ms_table"]
+    magic, nslots = struct.unpack("<QQ", blob.read("ms_table", 16))
+    if magic != MAGIC:
+        raise _native.NativeUnavailable(f"{blob.name}: table magic {magic:#x}, expected {MAGIC:#x}")
+    names = blob.cstrings("ms_table_names")
+    slots = {name: at + 16 + 8 * i for i, name in enumerate(names)}
+    if len(names) != nslots or slots != blob.info["table"]:
+        raise _native.NativeUnavailable(f"{blob.name}: the manifest's table differs from the blob's")
 
 
 def _layout(blob: _native.Blob) -> Dict[str, int]:
@@ -279,6 +301,7 @@ def _verify_code_extra(lay: Dict[str, int], need: Callable[[bool, str], None]) -
     need(setx(code, index, 0x5A5A0) == 0, "PyUnstable_Code_SetExtra failed")
     extra = ctypes.c_void_p.from_address(id(code) + lay["co_extra"]).value
     need(extra is not None, "PyCodeObject.co_extra")
+    assert extra is not None  # need() raised otherwise
     need(ctypes.c_ssize_t.from_address(extra).value > index, "co_extra size")
     need(ctypes.c_void_p.from_address(extra + 8 + 8 * index).value == 0x5A5A0, "co_extra slot")
     _extra_index = index
@@ -363,9 +386,7 @@ def _verify_runtime(probe: Callable) -> None:
 
 
 def _fn(name: str) -> Callable:
-    ok, why = available()
-    if not ok:
-        raise _native.NativeUnavailable(why)
+    _require()
     return _fns[name]
 
 
@@ -379,7 +400,7 @@ def callbacks(
     """The six sys.monitoring callbacks as ``{event: callable}``, native except PY_THROW.
 
     Same contract as ``_sysmon._callbacks(policy, tls, on_error)``. Raises
-    ``_native.NativeUnavailable`` when ``available()`` is false. PY_THROW stays the
+    ``_native.NativeUnavailable`` when ``unavailable()`` says why not. PY_THROW stays the
     pure-Python callback unless ``native_throw`` (the native one implements today's
     Python rule; tests run both). ``py_callbacks``: the pure-Python factory it comes
     from (``_sysmon._callbacks``, passed in: this module sits below ``_sysmon``).
@@ -456,9 +477,7 @@ def snapshot_fast(callback: Any) -> Callable[[], Optional[tuple]]:
     ``monstack.snapshot()`` itself, returning ``(top, lasti)`` for snapshot()'s caller
     when the thread's top node is that caller's with a known call site, else None (then
     take the Python path)."""
-    ok, why = available()
-    if not ok:
-        raise _native.NativeUnavailable(why)
+    _require()
     assert _blob is not None
     return _native.cached_function(_blob, "ms_snapshot_fast", "snapshot_fast", self_obj=callback.__self__)
 
@@ -490,9 +509,7 @@ def snapshot_new(
 
     cls = Snapshot if cls is None else cls
     origin_var = CURRENT_ORIGIN if origin_var is None else origin_var
-    ok, why = available()
-    if not ok:
-        raise _native.NativeUnavailable(why)
+    _require()
     assert _blob is not None
     from . import _snapshot
 
@@ -534,9 +551,7 @@ def retire(callback: Any) -> None:
 def empty_callback() -> Callable:
     """A native callback that does nothing (returns None): for benchmarks, the cost of
     CPython's event machinery alone, to compare the real callbacks with."""
-    ok, why = available()
-    if not ok:
-        raise _native.NativeUnavailable(why)
+    _require()
     assert _blob is not None
     return _native.cached_function(_blob, "ms_noop", "monstack_empty_callback")
 
@@ -548,9 +563,8 @@ def counters(callback: Any) -> Dict[str, int]:
 
 
 def is_native(callback: Any) -> bool:
-    return type(callback).__name__ == "builtin_function_or_method" and getattr(
-        getattr(callback, "__self__", None), "__class__", None
-    ).__name__ == "PyCapsule"
+    owner = type(getattr(callback, "__self__", None))
+    return type(callback).__name__ == "builtin_function_or_method" and owner.__name__ == "PyCapsule"
 
 
 def env_disabled() -> bool:

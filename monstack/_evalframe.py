@@ -1,30 +1,28 @@
 """The ``evalframe`` backend: a native PEP 523 eval_frame shim keeps the stacks (CPython 3.11).
 
 CPython 3.11 has no ``sys.monitoring``. This backend installs machine code (built from
-``compat/shim311.c`` by ``compat/build.py`` and stored in ``monstack/_native/``) as the
+``native/shim311.c`` by ``native/build.py``, stored in ``monstack/_native/``) as the
 interpreter's frame-evaluation function with ``_PyInterpreterState_SetEvalFrameFunc``.
 The shim pushes and pops the nodes of ``monstack._stack`` natively for every frame of
 tracked code; filtered code costs one cached check. No compiler is needed here: the
-code is relocation-free, and every function and object it uses is reached through a
-table this module fills in with ctypes.
+code is relocation-free, and every function and object it uses is reached through an
+address table.
 
 Two parts:
 
-- a generic loader (``NativeBlob``): map memory read-write, copy the code, fill the
-  address table and fields, switch the code pages to read+execute (never writable and
-  executable at once); mappings are kept for the life of the process (a thread may
-  still be running the code after uninstall);
-- ``EvalFrameBackend``: checks that this interpreter is one the code was built for
-  (version, architecture, every struct offset the code relies on, probed from real
-  frames and thread states), installs, uninstalls, and notices when another PEP 523
-  user replaces the shim.
+- loading: ``_native.load_copy`` maps the code, fills its address table and makes the
+  code pages read+execute (its data area, ``struct ms_data``, stays read-write); this
+  module writes the data area's fields, once it has checked that this interpreter is
+  one the code was built for (version, architecture, every struct offset the code
+  relies on, probed from real frames and thread states);
+- ``EvalFrameBackend``: installs, uninstalls, and notices when another PEP 523 user
+  replaces the shim.
 """
 
 from __future__ import annotations
 
 import ctypes
 import dis
-import json
 import os
 import sys
 import threading
@@ -32,12 +30,13 @@ from types import CodeType, FrameType
 from typing import Any, Callable, Dict, List, Optional
 
 from . import _env, _stack
+from . import _native as _loader
 from ._backend import Host
 from ._errors import warn
 from ._policy import Policy
 
-NATIVE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_native")
-META_FILE = os.path.join(NATIVE_DIR, "evalframe311.json")
+#: The blob's name (manifest ``monstack/_native/evalframe311.json``).
+BLOB = "evalframe311"
 
 #: C stack kept in reserve below each thread's stack end (the shim raises
 #: RecursionError instead of starting a Python frame within this distance).
@@ -50,125 +49,12 @@ LASTI_INTS = 2048
 #: (3.11.0-3.11.3 skip it for ``__getitem__`` frames: CPython gh-104405).
 MIN_311 = (3, 11, 4)
 
-_PROT_READ, _PROT_WRITE, _PROT_EXEC = 1, 2, 4
-_MAP_PRIVATE, _MAP_ANONYMOUS = 0x02, 0x20
-
-# A private handle on the process's symbols: setting restype/argtypes here does not
-# change ``ctypes.pythonapi`` objects other code may use.
-_api = ctypes.PyDLL(None)
-_libc = ctypes.CDLL(None, use_errno=True)
-
-
-def _fn(lib: Any, name: str, restype: Any, argtypes: list) -> Any:
-    f = getattr(lib, name)
-    f.restype = restype
-    f.argtypes = argtypes
-    return f
+#: A C-API function through a private ctypes prototype (GIL held, errors checked).
+_api_fn = _loader.api_function
 
 
 def _rd_ptr(addr: int) -> int:
     return ctypes.c_void_p.from_address(addr).value or 0
-
-
-# --------------------------------------------------------------------------------------
-# Generic loader (also meant for other native code, e.g. sys.monitoring callbacks)
-# --------------------------------------------------------------------------------------
-
-
-class ExecMemoryRefused(OSError):
-    """The OS would not give us executable memory (SELinux execmem, PaX, seccomp...)."""
-
-
-def _symbol_address(name: str) -> int:
-    try:
-        return ctypes.cast(getattr(_api, name), ctypes.c_void_p).value or 0
-    except AttributeError:
-        return 0
-
-
-class NativeBlob:
-    """One relocation-free code image mapped into memory, with its data area.
-
-    Layout (decided by the build): ``[code][padding][data]`` where the data area starts
-    ``data_offset`` bytes after the code, on a boundary of ``data_align`` bytes (a
-    multiple of the page size). The code reaches the data PC-relatively, so both must
-    be in one mapping. Code pages end up read+execute; data pages stay read-write.
-    The mapping is never unmapped.
-    """
-
-    #: every mapping ever made, so that nothing can unmap them
-    _mappings: List["NativeBlob"] = []
-
-    def __init__(self, image: bytes, data_offset: int, data_size: int, data_align: int) -> None:
-        page = os.sysconf("SC_PAGE_SIZE")
-        if data_offset % page or data_offset < len(image):
-            raise ValueError(f"data offset {data_offset:#x} is not page aligned after the code")
-        total = -(-(data_offset + data_size) // page) * page
-        mmap = _fn(_libc, "mmap", ctypes.c_void_p,
-                   [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long])
-        base = mmap(None, total, _PROT_READ | _PROT_WRITE, _MAP_PRIVATE | _MAP_ANONYMOUS, -1, 0)
-        if base is None or base == ctypes.c_void_p(-1).value:
-            err = ctypes.get_errno()
-            raise OSError(err, f"mmap of {total} bytes failed: {os.strerror(err)}")
-        NativeBlob._mappings.append(self)
-        self.base: int = base
-        self.size = total
-        self.code_size = len(image)
-        self.data: int = base + data_offset
-        self.data_size = data_size
-        self.executable = False
-        ctypes.memmove(base, image, len(image))
-        self._code_span = -(-len(image) // page) * page
-
-    def make_executable(self) -> None:
-        """Code pages: read+write -> read+execute (the data pages stay read-write)."""
-        err = _mprotect(self.base, self._code_span, _PROT_READ | _PROT_EXEC)
-        if err:
-            raise ExecMemoryRefused(err, f"the OS refused executable memory (mprotect: {os.strerror(err)})")
-        if _env.MACHINE == "aarch64":
-            _clear_icache(self.base, self.base + self.code_size)
-        self.executable = True
-
-    # data area accessors (offsets are relative to the data area)
-    def put_ptr(self, offset: int, value: int) -> None:
-        ctypes.c_void_p.from_address(self.data + offset).value = value
-
-    def put_i64(self, offset: int, value: int) -> None:
-        ctypes.c_int64.from_address(self.data + offset).value = value
-
-    def get_i64(self, offset: int) -> int:
-        return ctypes.c_int64.from_address(self.data + offset).value
-
-    def fill_table(self, table: Dict[str, int], resolve: Callable[[str], int] = _symbol_address) -> None:
-        """Write the address of each named symbol at its offset; a missing one is an error."""
-        for name, offset in table.items():
-            addr = resolve(name)
-            if not addr:
-                raise LookupError(f"symbol {name} not found in this process")
-            self.put_ptr(offset, addr)
-
-
-def _clear_icache(start: int, end: int) -> None:
-    """aarch64: make the instruction cache see the code just copied (libgcc's
-    ``__clear_cache``; Linux also syncs caches when it maps a page executable)."""
-    for name in ("libgcc_s.so.1", None):
-        try:
-            fn = _fn(ctypes.CDLL(name), "__clear_cache", None, [ctypes.c_void_p, ctypes.c_void_p])
-        except (OSError, AttributeError):
-            continue
-        fn(start, end)
-        return
-
-
-def _mprotect_impl(addr: int, size: int, prot: int) -> int:
-    f = _fn(_libc, "mprotect", ctypes.c_int, [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int])
-    if f(addr, size, prot) != 0:
-        return ctypes.get_errno() or 1
-    return 0
-
-
-#: indirection so that tests can simulate an OS that refuses executable memory
-_mprotect = _mprotect_impl
 
 
 # --------------------------------------------------------------------------------------
@@ -204,21 +90,21 @@ class _SafeMemory:
             return None
         return data if len(data) == n else None
 
-    def int(self, addr: int, n: int, signed: bool = False) -> int:
+    def read_int(self, addr: int, n: int, signed: bool = False) -> int:
         data = self.bytes(addr, n)
         return -1 if data is None else int.from_bytes(data, sys.byteorder, signed=signed)
 
     def ptr(self, addr: int) -> int:
-        return self.int(addr, 8)
+        return self.read_int(addr, 8)
 
     def i32(self, addr: int) -> int:
-        return self.int(addr, 4, signed=True)
+        return self.read_int(addr, 4, signed=True)
 
     def i64(self, addr: int) -> int:
-        return self.int(addr, 8, signed=True)
+        return self.read_int(addr, 8, signed=True)
 
     def u8(self, addr: int) -> int:
-        return self.int(addr, 1)
+        return self.read_int(addr, 1)
 
 
 def _probe_interp_offsets(off: Dict[str, int]) -> List[str]:
@@ -246,18 +132,18 @@ def _probe_with(mem: "_SafeMemory", off: Dict[str, int]) -> List[str]:
         if not ok:
             problems.append(f"{name} (offset {off.get(name)}){': ' + detail if detail else ''}")
 
-    ts_get = _fn(_api, "PyThreadState_Get", ctypes.c_void_p, [])
-    interp_get = _fn(_api, "PyInterpreterState_Get", ctypes.c_void_p, [])
+    ts_get = _api_fn("PyThreadState_Get", ctypes.c_void_p)
+    interp_get = _api_fn("PyInterpreterState_Get", ctypes.c_void_p)
     # c_void_p, not py_object: ctypes treats a py_object result as a new reference,
     # and this function returns a borrowed one.
-    ts_dict = _fn(_api, "PyThreadState_GetDict", ctypes.c_void_p, [])
-    ts_id = _fn(_api, "PyThreadState_GetID", ctypes.c_uint64, [ctypes.c_void_p])
+    ts_dict = _api_fn("PyThreadState_GetDict", ctypes.c_void_p)
+    ts_id = _api_fn("PyThreadState_GetID", ctypes.c_uint64, ctypes.c_void_p)
     ts = ts_get()
     interp = interp_get()
 
     check("ts_interp", _rd_ptr(ts + off["ts_interp"]) == interp)
     check("ts_dict", _rd_ptr(ts + off["ts_dict"]) == ts_dict())
-    check("ts_id", mem.int(ts + off["ts_id"], 8) == ts_id(ts))
+    check("ts_id", mem.read_int(ts + off["ts_id"], 8) == ts_id(ts))
     check("ts_recursion_limit", _rd_i32(ts + off["ts_recursion_limit"]) == sys.getrecursionlimit())
 
     def remaining() -> int:
@@ -282,7 +168,10 @@ def _probe_with(mem: "_SafeMemory", off: Dict[str, int]) -> List[str]:
     cframe = _rd_ptr(ts + off["ts_cframe"])
     # read inline (os.pread is C): inside a Python helper, the helper's frame would be current
     try:
-        raw_current = os.pread(mem.fd, 8, cframe + off["cframe_current_frame"]) if 0 < cframe < 1 << 63 else b""
+        raw_current = (
+            os.pread(mem.fd, 8, cframe + off["cframe_current_frame"])
+            if mem.fd is not None and 0 < cframe < 1 << 63 else b""
+        )
     except (OSError, OverflowError, ValueError):
         raw_current = b""
     current = int.from_bytes(raw_current, sys.byteorder) if len(raw_current) == 8 else -1
@@ -339,7 +228,7 @@ def _probe_with(mem: "_SafeMemory", off: Dict[str, int]) -> List[str]:
     dct: Dict[str, int] = {}
 
     def version() -> int:
-        return mem.int(id(dct) + off["dict_version"], 8)
+        return mem.read_int(id(dct) + off["dict_version"], 8)
 
     v1 = version()
     dct["a"] = 1
@@ -367,7 +256,7 @@ def _probe_with(mem: "_SafeMemory", off: Dict[str, int]) -> List[str]:
             (lambda: None)()
         finally:
             sys.settrace(None)
-        seen.append(mem.int(t + off["ts_id"], 8) == ts_id(t))
+        seen.append(mem.read_int(t + off["ts_id"], 8) == ts_id(t))
 
     th = threading.Thread(target=thread_body, name="monstack-probe")
     th.start()
@@ -378,7 +267,7 @@ def _probe_with(mem: "_SafeMemory", off: Dict[str, int]) -> List[str]:
 
 
 def _probe_code_extra(off: Dict[str, int], index: int) -> List[str]:
-    set_extra = _fn(_api, "_PyCode_SetExtra", ctypes.c_int, [ctypes.py_object, ctypes.c_ssize_t, ctypes.c_void_p])
+    set_extra = _api_fn("_PyCode_SetExtra", ctypes.c_int, ctypes.py_object, ctypes.c_ssize_t, ctypes.c_void_p)
     code = compile("pass", "<monstack-probe-extra>", "exec")
     if set_extra(code, index, 0x5A5A5A5A) != 0:
         return ["_PyCode_SetExtra failed"]
@@ -399,7 +288,7 @@ def _find_tls_key(tls: Any) -> tuple:
     the dummy whose pointer is ``tls.__dict__``.
     """
     ldict = tls.__dict__  # creates this thread's dummy if needed
-    addr = _fn(_api, "PyThreadState_GetDict", ctypes.c_void_p, [])()  # borrowed
+    addr = _api_fn("PyThreadState_GetDict", ctypes.c_void_p)()  # borrowed
     tdict = ctypes.cast(addr, ctypes.py_object).value  # a new, counted reference
     # dict.copy() runs no Python code while copying; iterating tdict itself could see a
     # _thread._local of this thread dying (GC, weakref callback) and change size.
@@ -421,7 +310,9 @@ class _Native:
 
     def __init__(self) -> None:
         self.reason: Optional[str] = None
-        self.blob: Optional[NativeBlob] = None
+        self.blob: Optional[_loader.Blob] = None
+        #: the manifest, and this architecture's entry with its layout's keys
+        #: (fields, counters, interp_offsets...) at top level
         self.meta: Dict[str, Any] = {}
         self.arch: Dict[str, Any] = {}
         self.entry = 0
@@ -472,23 +363,16 @@ def _load() -> _Native:
 
 def _load_into(nat: _Native) -> Optional[str]:
     try:
-        with open(META_FILE) as fh:
-            meta = json.load(fh)
-    except OSError as exc:
-        return f"no shim code in this installation ({exc.strerror}: {META_FILE})"
-    arch = meta.get("arches", {}).get(_env.MACHINE)
-    if arch is None:
-        return f"no shim code for {_env.MACHINE} (built for: {', '.join(sorted(meta.get('arches', {})))})"
-    with open(os.path.join(NATIVE_DIR, arch["blob"]), "rb") as fh:
-        image = fh.read()
-    if _env.sha256_hex(image) != arch["sha256"]:
-        return f"{arch['blob']} does not match its recorded checksum"
+        meta, info, _image = _loader.read_image(BLOB)  # checked before probing anything
+    except _loader.NativeUnavailable as exc:
+        return str(exc)
+    arch = dict(info, **info["layout"])
     nat.meta, nat.arch = meta, arch
     off = arch["interp_offsets"]
     problems = _probe_interp_offsets(off)
     if problems:
         return "interpreter layout differs from the one the shim was built for: " + "; ".join(problems)
-    request = _fn(_api, "_PyEval_RequestCodeExtraIndex", ctypes.c_ssize_t, [ctypes.c_void_p])
+    request = _api_fn("_PyEval_RequestCodeExtraIndex", ctypes.c_ssize_t, ctypes.c_void_p)
     index = request(None)
     if index < 0:
         return "no free co_extra index (another tool took them all)"
@@ -496,8 +380,11 @@ def _load_into(nat: _Native) -> Optional[str]:
     if problems:
         return "interpreter layout differs from the one the shim was built for: " + "; ".join(problems)
     nat.extra_index = index
-    nat.interp = _fn(_api, "PyInterpreterState_Get", ctypes.c_void_p, [])()
-    nat.default = _symbol_address("_PyEval_EvalFrameDefault")
+    nat.interp = _api_fn("PyInterpreterState_Get", ctypes.c_void_p)()
+    try:
+        nat.default = _loader.resolve("f:_PyEval_EvalFrameDefault")
+    except _loader.NativeUnavailable as exc:
+        return str(exc)
     mem = _SafeMemory()
     try:
         field = mem.ptr(nat.interp + off["interp_eval_frame"])
@@ -506,10 +393,10 @@ def _load_into(nat: _Native) -> Optional[str]:
     if field != 0 and _current_eval(nat) == nat.default:
         return f"interpreter layout differs: PyInterpreterState.eval_frame (offset {off['interp_eval_frame']})"
     try:
-        blob = NativeBlob(image, arch["data_offset"], arch["data_size"], arch["data_align"])
-    except OSError as exc:
-        return f"cannot map memory for the shim: {exc}"
-    blob.fill_table(arch["table"])
+        # a copy of its own: the data area holds this interpreter's state
+        blob = _loader.load_copy(BLOB, meta)
+    except _loader.NativeUnavailable as exc:
+        return str(exc)
     f = arch["fields"]
     blob.put_i64(arch["magic_offset"], 0x6D6F6E7374616B31)
     blob.put_ptr(f["py_none"], id(None))
@@ -528,22 +415,18 @@ def _load_into(nat: _Native) -> Optional[str]:
     nat.keep = (ints, array)
     blob.put_ptr(f["lasti_ints"], ctypes.addressof(array))
     blob.put_i64(f["n_lasti_ints"], LASTI_INTS)
-    try:
-        blob.make_executable()
-    except ExecMemoryRefused as exc:
-        return str(exc)
     nat.blob = blob
-    nat.entry = blob.base + arch["entry"]
+    nat.entry = blob.addr("ms_eval_frame")
     return None
 
 
 def _current_eval(nat: _Native) -> int:
-    get = _fn(_api, "_PyInterpreterState_GetEvalFrameFunc", ctypes.c_void_p, [ctypes.c_void_p])
+    get = _api_fn("_PyInterpreterState_GetEvalFrameFunc", ctypes.c_void_p, ctypes.c_void_p)
     return get(nat.interp) or 0
 
 
 def _set_eval(nat: _Native, func: int) -> None:
-    set_ = _fn(_api, "_PyInterpreterState_SetEvalFrameFunc", None, [ctypes.c_void_p, ctypes.c_void_p])
+    set_ = _api_fn("_PyInterpreterState_SetEvalFrameFunc", None, ctypes.c_void_p, ctypes.c_void_p)
     set_(nat.interp, func)
 
 

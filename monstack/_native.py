@@ -1,20 +1,25 @@
-"""Load relocation-free machine code built by ``compat/build_native.py`` (generic).
+"""The one loader of monstack's machine code (built by ``native/build.py``).
 
-A blob is ``monstack/_native/<name>.bin`` plus its manifest ``<name>.json`` (symbol
-offsets, size, sha256, CPython version of the headers it was compiled against). It
-names no external symbol: the functions and objects of the C API it uses go through
-an address table inside the blob (symbol ``ms_table``: a magic, a slot count, then one
-pointer per slot; ``ms_table_names``: the slots' names, NUL-separated, each
-``f:<symbol>`` = a function's address, ``o:<symbol>`` = an object's address,
-``p:<symbol>`` = the value of a pointer variable such as ``PyExc_TypeError``).
+A blob ``<name>`` is ``monstack/_native/<name>.json`` (its manifest) plus one
+``<name>-<arch>.bin`` per architecture. It names no external symbol: the functions and
+objects of the C API it uses go through an address table the loader fills in. The
+manifest (format 2) says, per architecture: the image's size and sha256, its global
+symbols (name -> offset), the table's slots (``f:<symbol>`` = a function's address,
+``o:<symbol>`` = an object's address, ``p:<symbol>`` = the value of a pointer variable
+such as ``PyExc_TypeError``; each -> its offset from the start of the mapping), an
+optional data area (``{"offset", "size", "align"}``: zeroed pages right after the code,
+read-write for good), the layout the code was compiled with, compiler and flags; and,
+for all, the CPython version of the headers and the sha256 of each C source.
 
-Loading: map anonymous memory read-write, copy the blob, fill the table from ctypes,
-then switch the pages to read+execute (never writable and executable at once). The
-pages are never unmapped: a thread may still be running the code after whatever used
-it is gone. Functions in the blob become Python callables through a ``PyMethodDef``
-kept alive for the life of the process and ``PyCFunction_NewEx``.
+Loading: map anonymous memory read-write, copy the image, fill the table, then switch
+the code pages to read+execute (never writable and executable at once; a data area
+stays read-write); on aarch64, flush the instruction cache. The pages are never
+unmapped: a thread may still be running the code after whatever used it is gone.
+Functions in the blob become Python callables through a ``PyMethodDef`` kept alive for
+the life of the process and ``PyCFunction_NewEx``.
 
-Only ``ctypes`` is needed: no compiler on the user's machine.
+Only ``ctypes`` is needed: no compiler on the user's machine. Users (``_accel``,
+``_evalframe``) turn ``NativeUnavailable`` into their "why not" string.
 """
 
 from __future__ import annotations
@@ -23,15 +28,15 @@ import ctypes
 import json
 import mmap
 import os
-import platform
-import struct
 import sys
 import threading
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from . import _env
 
 NATIVE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_native")
+#: The manifest format this loader reads (``native/build.py`` writes it).
+FORMAT = 2
 
 #: PyMethodDef flags.
 METH_VARARGS = 0x0001
@@ -50,18 +55,9 @@ class NativeUnavailable(RuntimeError):
     """The blob cannot be used here; ``str()`` says why (shown by ``info``)."""
 
 
-_MACHINE: Optional[str] = None
-
-
 def machine() -> str:
-    global _MACHINE
-    if _MACHINE is None:
-        try:
-            m = os.uname().machine.lower()
-        except AttributeError:  # pragma: no cover - not POSIX
-            m = platform.machine().lower()
-        _MACHINE = {"amd64": "x86_64", "arm64": "aarch64"}.get(m, m)
-    return _MACHINE
+    """This machine's architecture as the manifests name it (x86_64, aarch64...)."""
+    return _env.MACHINE
 
 
 class PyMethodDef(ctypes.Structure):
@@ -80,14 +76,21 @@ _loaded: Dict[str, "Blob"] = {}
 
 
 class Blob:
-    """A loaded blob: ``base`` address, ``symbols`` (name -> offset), ``manifest``."""
+    """A loaded blob: mapped at ``base`` (``size`` bytes of code, ``map_size`` with the
+    data area), its ``manifest``, this architecture's entry ``info`` (``symbols``,
+    ``layout``...), and ``data`` (address of the data area, 0 if it has none)."""
 
-    def __init__(self, name: str, base: int, size: int, manifest: dict) -> None:
+    def __init__(self, name: str, base: int, manifest: dict, info: dict, map_size: int) -> None:
         self.name = name
         self.base = base
-        self.size = size
         self.manifest = manifest
-        self.symbols: Dict[str, int] = manifest["symbols"]
+        self.info = info
+        self.size: int = info["size"]
+        self.map_size = map_size
+        self.symbols: Dict[str, int] = info["symbols"]
+        self.layout: Dict[str, Any] = info["layout"]
+        data = info.get("data")
+        self.data: int = base + data["offset"] if data else 0
 
     def addr(self, symbol: str) -> int:
         try:
@@ -100,7 +103,7 @@ class Blob:
 
     def cstrings(self, symbol: str) -> List[str]:
         """A NUL-separated list of names ending with an empty string (C ``"a\\0b\\0"``)."""
-        out = []
+        out: List[str] = []
         at = self.addr(symbol)
         while True:
             s = ctypes.string_at(at)
@@ -108,6 +111,22 @@ class Blob:
                 return out
             out.append(s.decode("ascii"))
             at += len(s) + 1
+
+    # the data area (offsets from its start), read-write for the life of the process
+    def put_ptr(self, offset: int, value: int) -> None:
+        ctypes.c_void_p.from_address(self._data_at(offset)).value = value
+
+    def put_i64(self, offset: int, value: int) -> None:
+        ctypes.c_int64.from_address(self._data_at(offset)).value = value
+
+    def get_i64(self, offset: int) -> int:
+        return ctypes.c_int64.from_address(self._data_at(offset)).value
+
+    def _data_at(self, offset: int) -> int:
+        data = self.info.get("data")
+        if not data or not 0 <= offset <= data["size"] - 8:
+            raise IndexError(f"{self.name}: offset {offset} is outside the data area")
+        return self.data + offset
 
     def function(self, symbol: str, name: str, flags: int = METH_FASTCALL, self_obj: Any = None,
                  doc: Optional[str] = None) -> Callable:
@@ -120,14 +139,46 @@ def manifest_path(name: str) -> str:
 
 
 def read_manifest(name: str) -> dict:
+    """The manifest of blob ``name`` (format checked)."""
     path = manifest_path(name)
     try:
         with open(path) as f:
-            return json.load(f)
+            manifest = json.load(f)
     except FileNotFoundError:
         raise NativeUnavailable(f"no native code for this platform ({name} not shipped)") from None
     except (OSError, ValueError) as exc:
         raise NativeUnavailable(f"{path}: unreadable manifest ({exc})") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        got = manifest.get("format") if isinstance(manifest, dict) else None
+        raise NativeUnavailable(f"{name}: unknown manifest format {got!r}")
+    return manifest
+
+
+def arch_entry(name: str, manifest: Optional[dict] = None) -> Tuple[dict, dict]:
+    """(manifest, its entry for this machine) of blob ``name``."""
+    if manifest is None:
+        manifest = read_manifest(name)
+    arches = manifest.get("arches", {})
+    info = arches.get(machine())
+    if info is None:
+        raise NativeUnavailable(f"no {name} code for {machine()} (built for: {', '.join(sorted(arches)) or 'none'})")
+    return manifest, info
+
+
+def read_image(name: str, manifest: Optional[dict] = None) -> Tuple[dict, dict, bytes]:
+    """(manifest, entry, image bytes) of blob ``name`` for this machine, the bytes
+    checked against the manifest (size and sha256)."""
+    manifest, info = arch_entry(name, manifest)
+    try:
+        with open(os.path.join(NATIVE_DIR, info["blob"]), "rb") as f:
+            image = f.read()
+    except OSError as exc:
+        raise NativeUnavailable(f"{info['blob']} unreadable ({exc})") from None
+    if _env.sha256_hex(image) != info.get("sha256"):
+        raise NativeUnavailable(f"{info['blob']} does not match its manifest (checksum)")
+    if len(image) != info.get("size"):
+        raise NativeUnavailable(f"{info['blob']}: size differs from the manifest's")
+    return manifest, info, image
 
 
 def resolve(entry: str) -> int:
@@ -155,49 +206,55 @@ def _libc() -> Any:
     return libc
 
 
-def load(name: str, expect_table_magic: Optional[int] = None) -> Blob:
-    """Load ``name`` once per process (later calls return the same Blob)."""
+def _mprotect_impl(addr: int, size: int, prot: int) -> int:
+    """0, or the errno of a refusal."""
+    if _libc().mprotect(addr, size, prot) != 0:
+        return ctypes.get_errno() or 1
+    return 0
+
+
+#: indirection so that tests can simulate an OS that refuses executable memory
+_mprotect = _mprotect_impl
+
+
+def load(name: str) -> Blob:
+    """Blob ``name`` for this machine, mapped once per process (later calls return the
+    same Blob). For code whose data area holds per-copy state, see ``load_copy``."""
     with _lock:
         blob = _loaded.get(name)
         if blob is None:
-            blob = _loaded[name] = _load(name, expect_table_magic)
+            blob = _loaded[name] = load_copy(name)
         return blob
 
 
-def _load(name: str, expect_table_magic: Optional[int]) -> Blob:
+def load_copy(name: str, manifest: Optional[dict] = None) -> Blob:
+    """A new mapping of blob ``name`` for this machine: checked, copied, its table
+    filled, its code made read+execute. Raises ``NativeUnavailable`` with the reason."""
     if not sys.platform.startswith("linux"):
         raise NativeUnavailable(f"native code is built for Linux only (this is {sys.platform})")
-    manifest = read_manifest(name)
-    if manifest.get("format") != 1:
-        raise NativeUnavailable(f"{name}: unknown manifest format {manifest.get('format')!r}")
-    if manifest.get("arch") != machine():
-        raise NativeUnavailable(f"{name} is {manifest.get('arch')} code, this machine is {machine()}")
-    try:
-        with open(os.path.join(NATIVE_DIR, name + ".bin"), "rb") as f:
-            data = f.read()
-    except OSError as exc:
-        raise NativeUnavailable(f"{name}.bin unreadable ({exc})") from None
-    if _env.sha256_hex(data) != manifest.get("sha256"):
-        raise NativeUnavailable(f"{name}.bin does not match its manifest (sha256)")
-    size = int(manifest["size"])
-    if size < len(data):
-        raise NativeUnavailable(f"{name}: manifest size smaller than the blob")
+    manifest, info, image = read_image(name, manifest)
     page = mmap.PAGESIZE
-    mapsize = (size + page - 1) // page * page
+    code_span = -(-len(image) // page) * page
+    data = info.get("data")
+    total = code_span
+    if data:
+        if data["offset"] % page or data["offset"] < len(image):
+            raise NativeUnavailable(f"{name}: data area at {data['offset']:#x} is not page aligned after the code")
+        total = -(-(data["offset"] + data["size"]) // page) * page
     libc = _libc()
-    base = libc.mmap(None, mapsize, _PROT_READ | _PROT_WRITE, _MAP_PRIVATE | _MAP_ANONYMOUS, -1, 0)
+    base = libc.mmap(None, total, _PROT_READ | _PROT_WRITE, _MAP_PRIVATE | _MAP_ANONYMOUS, -1, 0)
     if base is None or base == ctypes.c_void_p(-1).value:
         err = ctypes.get_errno()
         raise NativeUnavailable(f"cannot map memory for native code ({os.strerror(err)})")
-    _FOREVER.append(("mapping", name, base, mapsize))  # never unmapped
-    ctypes.memmove(base, data, len(data))
-    blob = Blob(name, base, size, manifest)
-    _fill_table(blob, expect_table_magic)
-    if libc.mprotect(base, mapsize, _PROT_READ | _PROT_EXEC) != 0:
-        err = ctypes.get_errno()
-        raise NativeUnavailable(f"the OS refuses executable memory (mprotect: {os.strerror(err)})")
+    _FOREVER.append(("mapping", name, base, total))  # never unmapped
+    ctypes.memmove(base, image, len(image))
+    blob = Blob(name, base, manifest, info, total)
+    _fill_table(blob)
+    err = _mprotect(base, code_span, _PROT_READ | _PROT_EXEC)
+    if err:
+        raise NativeUnavailable(f"the OS refused executable memory (mprotect: {os.strerror(err)})")
     if machine() == "aarch64":
-        _clear_icache(base, base + len(data))
+        _clear_icache(base, base + len(image))
     return blob
 
 
@@ -214,33 +271,37 @@ def _clear_icache(start: int, end: int) -> None:
     raise NativeUnavailable("cannot flush the instruction cache (no __clear_cache in libgcc_s.so.1)")
 
 
-def _fill_table(blob: Blob, expect_magic: Optional[int]) -> None:
-    table = blob.addr("ms_table")
-    magic, nslots = struct.unpack("<QQ", ctypes.string_at(table, 16))
-    if expect_magic is not None and magic != expect_magic:
-        raise NativeUnavailable(f"{blob.name}: table magic {magic:#x}, expected {expect_magic:#x}")
-    names = blob.cstrings("ms_table_names")
-    if len(names) != nslots:
-        raise NativeUnavailable(f"{blob.name}: {len(names)} table names for {nslots} slots")
-    ptr = ctypes.sizeof(ctypes.c_void_p)
-    for i, entry in enumerate(names):
+def _fill_table(blob: Blob) -> None:
+    """Write the address of every slot's symbol at its offset (the pages are still
+    writable); a symbol the interpreter does not export refuses the blob."""
+    end = blob.map_size - ctypes.sizeof(ctypes.c_void_p)
+    for entry, offset in blob.info["table"].items():
+        if not 0 <= offset <= end:
+            raise NativeUnavailable(f"{blob.name}: table slot {entry} at {offset} is outside the blob")
         address = resolve(entry)
         if not address:
             raise NativeUnavailable(f"{blob.name}: {entry} resolves to NULL")
-        ctypes.c_void_p.from_address(table + 16 + i * ptr).value = address
+        ctypes.c_void_p.from_address(blob.base + offset).value = address
 
 
 def api_function(name: str, restype: Any, *argtypes: Any) -> Any:
     """A private ctypes prototype for a C-API function (GIL held, Python errors
     checked), so that setting ``restype``/``argtypes`` never changes the shared
-    ``ctypes.pythonapi.<name>`` other code may use."""
-    try:
-        return ctypes.PYFUNCTYPE(restype, *argtypes)((name, ctypes.pythonapi))
-    except AttributeError:
-        raise NativeUnavailable(f"the interpreter does not export {name}") from None
+    ``ctypes.pythonapi.<name>`` other code may use. One per signature, made once."""
+    key = (name, restype, argtypes)
+    fn = _API.get(key)
+    if fn is None:
+        try:
+            fn = _API[key] = ctypes.PYFUNCTYPE(restype, *argtypes)((name, ctypes.pythonapi))
+        except AttributeError:
+            raise NativeUnavailable(f"the interpreter does not export {name}") from None
+    return fn
 
 
-_PyCFunction_NewEx = None
+_API: Dict[tuple, Any] = {}
+
+
+_PyCFunction_NewEx: Any = None
 
 
 def make_function(address: int, name: str, flags: int, self_obj: Any, doc: Optional[str] = None) -> Callable:

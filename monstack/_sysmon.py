@@ -309,8 +309,8 @@ class MonitoringBackend:
         if self.accelerator is None and env_accelerator_off():
             self.accel_reason = "turned off (MONSTACK_ACCELERATOR=0)"
             return False
-        ok, why = _accel.available()
-        if not ok:
+        why = _accel.unavailable()
+        if why:
             if self.accelerator:
                 raise RuntimeError(f"accelerator=True but the native callbacks cannot run here: {why}")
             self.accel_reason = why

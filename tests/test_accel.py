@@ -31,7 +31,8 @@ import monstack  # noqa: E402
 from monstack import _accel, _capture, _install, _native, _stack, _sysmon  # noqa: E402
 from stackcheck import captures_for_library_snapshots, library_module, real_records, shadow_records  # noqa: E402
 
-OK, WHY = _accel.available()
+WHY = _accel.unavailable()
+OK = WHY is None
 SUPPORTED = (
     sys.platform.startswith("linux")
     and sys.version_info[:2] in ((3, 12), (3, 13))
@@ -46,10 +47,9 @@ _PY_CALLBACKS = _sysmon._callbacks
 
 def test_available_exactly_where_supported():
     if SUPPORTED:
-        assert OK, WHY
-        assert WHY == "native"
+        assert WHY is None, WHY
     else:
-        assert not OK and WHY
+        assert WHY and isinstance(WHY, str)
 
 
 @contextlib.contextmanager
@@ -595,59 +595,25 @@ def test_layout_mismatch_is_refused(monkeypatch):
         _accel._verify_layout(blob)
 
 
-def test_missing_blob_is_refused():
-    with pytest.raises(_native.NativeUnavailable, match="not shipped"):
-        _native.read_manifest("sysmon399-nonesuch")
+@needs_native
+def test_manifest_table_and_layout_are_the_blob_s():
+    """The manifest records the table the blob describes itself (checked at load) and
+    the layout it was compiled with (what _verify_layout compares)."""
+    blob = _accel._blob
+    _accel._verify_table(blob)
+    assert blob.layout == _accel._layout(blob)
+    assert blob.name == _accel.blob_name() == f"sysmon{sys.version_info[0]}{sys.version_info[1]}"
 
 
-# --------------------------------------------------------------------------- the blob
-def _build_module():
-    sys.path.insert(0, os.path.join(ROOT, "compat"))
-    try:
-        import build_native
-    finally:
-        sys.path.pop(0)
-    return build_native
-
-
-@pytest.mark.parametrize("version, arch", [("3.12", "x86_64"), ("3.13", "x86_64"), ("3.13", "aarch64")])
-def test_stored_blob_is_reproducible(version, arch, tmp_path):
-    build_native = _build_module()
-    name = f"sysmon{version.replace('.', '')}-{arch}"
-    manifest = _native.read_manifest(name)
-    if build_native.have_tools(arch):
-        pytest.skip(f"no {arch} compiler here")
-    if build_native.compiler_version(arch) != manifest["compiler"]:
-        pytest.skip(f"compiler differs from the one that built the blob ({manifest['compiler']})")
-    inc = build_native.find_include(version)
-    if inc is None or build_native.header_version(inc) != manifest["python"]:
-        pytest.skip(f"CPython {manifest['python']} headers not found")
-    out = build_native.build(os.path.join(ROOT, "compat", "sysmon_native.c"), inc, arch, str(tmp_path / name))
-    with open(os.path.join(_native.NATIVE_DIR, name + ".bin"), "rb") as f:
-        stored = f.read()
-    assert (tmp_path / (name + ".bin")).read_bytes() == stored
-    assert out["symbols"] == manifest["symbols"]
-
-
-@pytest.mark.skipif(_native.machine() != "aarch64", reason="the instruction cache is flushed on aarch64 only")
-def test_icache_flush_is_available():
-    import ctypes
-
-    buf = ctypes.create_string_buffer(256)
-    _native._clear_icache(ctypes.addressof(buf), ctypes.addressof(buf) + 256)  # raises if it cannot
-
-
-def test_build_refuses_external_symbols(tmp_path):
-    build_native = _build_module()
-    if build_native.have_tools("x86_64"):
-        pytest.skip("no x86-64 toolchain")
-    inc = build_native.find_include(f"{sys.version_info[0]}.{sys.version_info[1]}")
-    if inc is None:
-        pytest.skip("no headers")
-    src = tmp_path / "bad.c"
-    src.write_text("#include <Python.h>\nPyObject *f(void) { return PyTuple_New(1); }\n")
-    with pytest.raises(build_native.BuildError, match="external symbols"):
-        build_native.build(str(src), inc, "x86_64", str(tmp_path / "bad"))
+@needs_native
+def test_a_table_that_differs_from_the_blob_s_is_refused(monkeypatch):
+    blob = _accel._blob
+    table = dict(blob.info["table"])
+    first = next(iter(table))
+    table[first] += 8
+    monkeypatch.setattr(blob, "info", dict(blob.info, table=table))
+    with pytest.raises(_native.NativeUnavailable, match="table differs"):
+        _accel._verify_table(blob)
 
 
 @needs_native

@@ -1,4 +1,6 @@
-"""The CPython 3.11 ``evalframe`` backend: loader, refusals, stored code, and the shim's pitfalls.
+"""The CPython 3.11 ``evalframe`` backend: refusals, loading the shim, and the shim's pitfalls.
+
+The loader itself, the stored code and its build: test_native.py.
 
 The shadow-stack correctness cases of the core (test_stack.py, test_oracle.py...) run
 with this backend automatically on 3.11; this file covers what is specific to it.
@@ -10,8 +12,6 @@ from __future__ import annotations
 import ctypes
 import errno
 import gc
-import hashlib
-import json
 import os
 import re
 import shutil
@@ -24,7 +24,7 @@ import pytest
 from stackcheck import Mismatch, check, library_module, real_records, shadow_records
 
 import monstack
-from monstack import _capture, _env, _select, _stack
+from monstack import _capture, _env, _native, _select, _stack
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 IS_311 = _env.CPYTHON and sys.version_info[:2] == (3, 11)
@@ -61,9 +61,11 @@ def counters() -> dict:
     return state.backend.counters()
 
 
-def meta() -> dict:
-    with open(_evalframe.META_FILE) as fh:
-        return json.load(fh)
+def arch_info() -> dict:
+    """The shim's manifest entry for this machine, its layout's keys at top level (as
+    ``_evalframe._Native.arch``)."""
+    info = _native.read_manifest(_evalframe.BLOB)["arches"][_env.MACHINE]
+    return dict(info, **info["layout"])
 
 
 # ---------------------------------------------------------------------------------------
@@ -111,11 +113,11 @@ def test_refuses_other_versions(monkeypatch, version, expected):
 def test_refuses_an_architecture_without_code(monkeypatch):
     monkeypatch.setattr(_env, "MACHINE", "riscv64")
     reason = _evalframe._load_into(_evalframe._Native())
-    assert reason is not None and "no shim code for riscv64" in reason
+    assert reason is not None and "no evalframe311 code for riscv64" in reason
 
 
 def test_refuses_when_the_os_refuses_executable_memory(monkeypatch):
-    monkeypatch.setattr(_evalframe, "_mprotect", lambda addr, size, prot: errno.EACCES)
+    monkeypatch.setattr(_native, "_mprotect", lambda addr, size, prot: errno.EACCES)
     reason = _evalframe._load_into(_evalframe._Native())
     assert reason is not None and "refused executable memory" in reason
 
@@ -132,35 +134,28 @@ def test_install_falls_back_to_walk_with_the_reason(monkeypatch):
 
 
 def test_refuses_a_corrupted_blob(tmp_path, monkeypatch):
-    for name in os.listdir(_evalframe.NATIVE_DIR):
-        shutil.copy(os.path.join(_evalframe.NATIVE_DIR, name), tmp_path / name)
-    arch = meta()["arches"].get(_env.MACHINE)
-    if arch is None:
-        pytest.skip("no code for this architecture")
-    blob = tmp_path / arch["blob"]
+    for name in os.listdir(_native.NATIVE_DIR):
+        shutil.copy(os.path.join(_native.NATIVE_DIR, name), tmp_path / name)
+    blob = tmp_path / arch_info()["blob"]
     data = bytearray(blob.read_bytes())
     data[10] ^= 0xFF
     blob.write_bytes(bytes(data))
-    monkeypatch.setattr(_evalframe, "NATIVE_DIR", str(tmp_path))
-    monkeypatch.setattr(_evalframe, "META_FILE", str(tmp_path / "evalframe311.json"))
+    monkeypatch.setattr(_native, "NATIVE_DIR", str(tmp_path))
     reason = _evalframe._load_into(_evalframe._Native())
     assert reason is not None and "checksum" in reason
 
 
 def test_probe_accepts_the_real_offsets():
-    arch = meta()["arches"][_env.MACHINE]
-    assert _evalframe._probe_interp_offsets(arch["interp_offsets"]) == []
+    assert _evalframe._probe_interp_offsets(arch_info()["interp_offsets"]) == []
 
 
 def test_every_wrong_offset_is_detected():
     """Each struct offset the shim relies on, shifted, must make the probe refuse."""
     code = """
-        import json, sys
-        from monstack import _evalframe, _env
-        arch = json.load(open(_evalframe.META_FILE))["arches"][_env.MACHINE]
-        off = arch["interp_offsets"]
-        import ctypes
-        idx = _evalframe._fn(_evalframe._api, "_PyEval_RequestCodeExtraIndex", ctypes.c_ssize_t, [ctypes.c_void_p])(None)
+        import ctypes, sys
+        from monstack import _evalframe, _env, _native
+        off = _native.read_manifest("evalframe311")["arches"][_env.MACHINE]["layout"]["interp_offsets"]
+        idx = _native.api_function("_PyEval_RequestCodeExtraIndex", ctypes.c_ssize_t, ctypes.c_void_p)(None)
         assert _evalframe._probe_code_extra(off, idx) == []
         missed = []
         for name in sorted(off):
@@ -178,62 +173,17 @@ def test_every_wrong_offset_is_detected():
 
 
 # ---------------------------------------------------------------------------------------
-# the stored machine code
+# the loaded shim (the stored code and its build: test_native.py)
 # ---------------------------------------------------------------------------------------
 
 
-def test_stored_blobs_match_their_checksums_and_metadata():
-    m = meta()
-    assert m["python"] == "3.11" and m["arches"], m
-    assert "x86_64" in m["arches"]
-    for arch, info in m["arches"].items():
-        with open(os.path.join(_evalframe.NATIVE_DIR, info["blob"]), "rb") as fh:
-            data = fh.read()
-        assert hashlib.sha256(data).hexdigest() == info["sha256"], arch
-        assert len(data) == info["code_size"] <= info["data_offset"]
-        assert info["data_offset"] % 65536 == 0
-        assert set(info["table"]) >= {"_PyEval_EvalFrameDefault", "PyTuple_New", "_Py_Dealloc"}
-
-
-def test_stored_sources_digest_matches_compat_sources():
-    """The stored code was built from the C source in compat/ as it is now."""
-    sys.path.insert(0, os.path.join(ROOT, "compat"))
-    try:
-        import build  # type: ignore[import-not-found]
-    finally:
-        sys.path.pop(0)
-    assert meta()["sources_sha256"] == build.sources_digest(), "compat/ changed: run python compat/build.py"
-
-
-def _compiler_matches(arch: str) -> str | None:
-    sys.path.insert(0, os.path.join(ROOT, "compat"))
-    try:
-        import build  # type: ignore[import-not-found]
-    finally:
-        sys.path.pop(0)
-    cc = build.find_cc(arch)
-    if cc is None:
-        return f"no compiler for {arch}"
-    if build.cc_version(cc) != meta()["arches"][arch]["compiler"]:
-        return f"{cc} is not the compiler the stored code was built with"
-    try:
-        build.find_include()
-    except build.BuildError as exc:
-        return str(exc)
-    return None
-
-
-@pytest.mark.parametrize("arch", ["x86_64", "aarch64"])
-def test_stored_code_is_reproducible(arch):
-    if arch not in meta()["arches"]:
-        pytest.skip(f"no stored code for {arch}")
-    why = _compiler_matches(arch)
-    if why:
-        pytest.skip(why)
-    out = subprocess.run([sys.executable, os.path.join(ROOT, "compat", "build.py"), "--check", "--arch", arch],
-                         capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stdout + out.stderr
-    assert f"{arch}: identical" in out.stdout
+def test_manifest_has_what_the_shim_needs():
+    info = arch_info()
+    assert set(info["table"]) >= {"f:_PyEval_EvalFrameDefault", "f:PyTuple_New", "f:_Py_Dealloc"}
+    assert info["data"]["offset"] % 65536 == 0 and info["symbols"]["DATA"] == info["data"]["offset"]
+    assert info["data"]["size"] > info["records"]["offset"] + info["records"]["size"]
+    assert "ms_eval_frame" in info["symbols"]
+    assert {"fields", "counters", "records", "magic_offset", "interp_offsets"} <= set(info)
 
 
 @needs_shim
@@ -244,7 +194,7 @@ def test_code_pages_are_never_writable_and_executable():
     perms = {}
     for line in maps:
         lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
-        if lo < blob.base + blob.size and hi > blob.base:
+        if lo < blob.base + blob.map_size and hi > blob.base:
             perms[lo] = line.split()[1]
     assert perms[blob.base].startswith("r-x"), perms
     assert any(p.startswith("rw-") for p in perms.values()), perms
@@ -264,19 +214,15 @@ def _maps() -> list:
 # ---------------------------------------------------------------------------------------
 
 FOREIGN = """
-    import ctypes, json, os
-    from monstack import _evalframe, _env
+    import ctypes
+    from monstack import _evalframe, _native
     # A "foreign" eval_frame: a second, inert copy of our own shim (it passes every
     # frame to _PyEval_EvalFrameDefault), installed the way another tool would.
     nat = _evalframe._load()
     assert nat.reason is None, nat.reason
-    arch = nat.arch
-    image = open(os.path.join(_evalframe.NATIVE_DIR, arch["blob"]), "rb").read()
-    other = _evalframe.NativeBlob(image, arch["data_offset"], arch["data_size"], arch["data_align"])
-    other.fill_table(arch["table"])
-    other.put_ptr(arch["fields"]["interp"], nat.interp)
-    other.make_executable()
-    FOREIGN = other.base + arch["entry"]
+    other = _native.load_copy(_evalframe.BLOB)
+    other.put_ptr(nat.arch["fields"]["interp"], nat.interp)
+    FOREIGN = other.addr("ms_eval_frame")
     def set_foreign():
         _evalframe._set_eval(nat, FOREIGN)
     def reset():
@@ -750,7 +696,7 @@ def test_policy_callback_runs_untracked_with_tracing_raised(monkeypatch):
     monstack.install()
     off = _evalframe._native.arch["interp_offsets"]
     monstack.uninstall()
-    ts_get = _evalframe._fn(_evalframe._api, "PyThreadState_Get", ctypes.c_void_p, [])
+    ts_get = _native.api_function("PyThreadState_Get", ctypes.c_void_p)
     seen = []
     real = Policy.is_tracked
 

@@ -425,7 +425,7 @@ def _callbacks_kind() -> str:
         return conftest_backend()
     from monstack import _accel
 
-    native = _accel.available()[0] and os.environ.get("MONSTACK_ACCELERATOR") != "0"
+    native = _accel.unavailable() is None and os.environ.get("MONSTACK_ACCELERATOR") != "0"
     return "native" if native else "python"
 
 

@@ -100,15 +100,10 @@ def tracking_backends() -> list[str]:
 
 def accelerator_variants() -> tuple[bool, Optional[str]]:
     """(install() takes accelerator= and the native callbacks survived the rehearsal, why not)."""
-    if "accelerator" not in install_params():
-        why = "install() has no accelerator option in this build"
-        try:
-            from monstack import _accel
+    from monstack import _accel
 
-            ok, reason = _accel.available()
-            why += f" (monstack._accel present: {'its native code loads' if ok else reason})"
-        except Exception:
-            pass
+    why = _accel.unavailable()
+    if why is not None:
         return False, why
     crash = _native_crash()
     return (crash is None), crash

@@ -1,7 +1,7 @@
 /* monstack's PEP 523 eval_frame shim for CPython 3.11.
  *
- * Built by compat/build.py into a position-independent, relocation-free blob
- * (monstack/_native/). Every external function and object is reached through
+ * Built by native/build.py into a position-independent, relocation-free blob
+ * (monstack/_native/evalframe311-<arch>.bin, manifest evalframe311.json). Every external function and object is reached through
  * `DATA` (struct ms_data, shim311.h), which the loader fills in; the code itself
  * never names an external symbol.
  *

@@ -1,7 +1,7 @@
 /* monstack's native sys.monitoring callbacks for CPython 3.12 / 3.13 (GIL builds).
  *
- * Built by compat/build_native.py into a position-independent, relocation-free blob
- * (monstack/_native/sysmon3XX-<arch>.bin + .json). The code never names an external
+ * Built by native/build.py into a position-independent, relocation-free blob
+ * (monstack/_native/sysmon3XX-<arch>.bin, manifest sysmon3XX.json). The code never names an external
  * symbol: every C-API function and object it uses is reached through `API` (struct
  * ms_api below), a table the loader (monstack/_native.py) fills in before it makes the
  * pages read+execute. All mutable state lives in heap memory (struct ms_state), owned
@@ -41,7 +41,7 @@
 #include <stdint.h>
 
 #if PY_VERSION_HEX < 0x030C0000 || PY_VERSION_HEX >= 0x030E0000
-#error "sysmon_native.c is for CPython 3.12 and 3.13"
+#error "sysmon.c is for CPython 3.12 and 3.13"
 #endif
 #ifdef Py_GIL_DISABLED
 #error "free-threaded builds are not supported"

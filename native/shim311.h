@@ -3,7 +3,7 @@
  * Compiled against the real CPython 3.11 headers (Py_BUILD_CORE for
  * _PyInterpreterFrame). Nothing here may reference an external symbol: every
  * function and object the shim uses comes through `struct ms_data`, filled at load
- * time by monstack/_evalframe.py. build.py records the offset of every field below
+ * time by monstack/_native.py and monstack/_evalframe.py. build.py records the offset of every field below
  * and of every interpreter struct field the shim reads; the loader verifies the
  * latter against the running interpreter.
  */

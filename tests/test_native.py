@@ -1,0 +1,270 @@
+"""The native-code loader (``monstack/_native.py``), the shipped blobs and their build.
+
+Every blob (sysmon callbacks for 3.12/3.13, the 3.11 eval_frame shim) has one manifest
+format; the loader maps it read-write, fills its address table, makes the code
+read+execute (never writable and executable at once) and keeps it mapped. The shipped
+bytes must be what ``native/build.py`` makes of the C sources as they are now.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+from typing import Optional
+
+import pytest
+
+from monstack import _env, _native
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+NATIVE_SRC = os.path.join(ROOT, "native")
+BLOBS = ("sysmon312", "sysmon313", "evalframe311")
+TOP_KEYS = {"format", "name", "python", "headers", "sources", "arches"}
+ENTRY_KEYS = {"blob", "size", "sha256", "symbols", "data", "table", "layout", "compiler", "flags"}
+
+
+def _build_module():
+    """native/build.py as a module (by path: a ``build`` package may be installed)."""
+    mod = sys.modules.get("monstack_native_build")
+    if mod is None:
+        spec = importlib.util.spec_from_file_location("monstack_native_build", os.path.join(NATIVE_SRC, "build.py"))
+        assert spec is not None and spec.loader is not None
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = mod  # dataclasses look the module up
+        spec.loader.exec_module(mod)
+    return mod
+
+
+def own_blob() -> Optional[str]:
+    """The blob this interpreter runs, if any."""
+    v = sys.version_info[:2]
+    if not _env.CPYTHON or not _env.LINUX or hasattr(sys, "gettotalrefcount"):
+        return None
+    name = {(3, 11): "evalframe311", (3, 12): "sysmon312", (3, 13): "sysmon313"}.get(v)
+    if name is None or _native.machine() not in _native.read_manifest(name)["arches"]:
+        return None
+    return name
+
+
+needs_own_blob = pytest.mark.skipif(own_blob() is None, reason="no shipped native code for this interpreter")
+
+
+# --------------------------------------------------------------------------- manifests
+@pytest.mark.parametrize("name", BLOBS)
+def test_manifests_share_one_format(name):
+    m = _native.read_manifest(name)
+    assert set(m) == TOP_KEYS and m["format"] == _native.FORMAT == 2 and m["name"] == name
+    assert m["headers"].startswith(m["python"] + ".")
+    assert m["arches"] and "x86_64" in m["arches"]
+    for arch, info in m["arches"].items():
+        assert set(info) == ENTRY_KEYS, arch
+        assert info["blob"] == f"{name}-{arch}.bin"
+        assert info["flags"] and info["compiler"]
+        for entry, offset in info["table"].items():
+            assert entry[:2] in ("f:", "o:", "p:") and offset % 8 == 0, entry
+        data = info["data"]
+        if data is not None:
+            assert data["offset"] % data["align"] == 0 and data["offset"] >= info["size"]
+            assert all(data["offset"] <= o < data["offset"] + data["size"] for o in info["table"].values())
+        else:
+            assert all(0 <= o < info["size"] for o in info["table"].values())
+
+
+@pytest.mark.parametrize("name", BLOBS)
+def test_shipped_blobs_match_their_manifests(name):
+    m = _native.read_manifest(name)
+    for arch, info in m["arches"].items():
+        with open(os.path.join(_native.NATIVE_DIR, info["blob"]), "rb") as f:
+            data = f.read()
+        assert hashlib.sha256(data).hexdigest() == info["sha256"], arch
+        assert len(data) == info["size"], arch
+        assert all(0 <= off < info["size"] for off in info["symbols"].values() if info["data"] is None)
+
+
+def test_every_shipped_file_belongs_to_a_manifest():
+    listed = {n + ".json" for n in BLOBS}
+    for name in BLOBS:
+        listed |= {info["blob"] for info in _native.read_manifest(name)["arches"].values()}
+    assert set(os.listdir(_native.NATIVE_DIR)) == listed
+
+
+@pytest.mark.parametrize("name", BLOBS)
+def test_recorded_source_digests_match_the_sources(name):
+    """Each blob was built from the C sources in native/ as they are now (else run
+    ``python native/build.py``)."""
+    recorded = _native.read_manifest(name)["sources"]
+    assert recorded, name
+    for source, digest in recorded.items():
+        with open(os.path.join(NATIVE_SRC, source), "rb") as f:
+            assert hashlib.sha256(f.read()).hexdigest() == digest, f"native/{source} changed: run python native/build.py"
+    assert recorded == _build_module().source_digests(_build_module().target(name))
+
+
+def test_build_knows_every_shipped_blob():
+    build = _build_module()
+    assert {t.name for t in build.TARGETS} == set(BLOBS)
+    for t in build.TARGETS:
+        assert set(_native.read_manifest(t.name)["arches"]) == set(t.arches), t.name
+
+
+# --------------------------------------------------------------------------- reproducible
+@pytest.mark.parametrize("name, arch", [("sysmon312", "x86_64"), ("sysmon313", "x86_64"), ("sysmon313", "aarch64"),
+                                        ("evalframe311", "x86_64"), ("evalframe311", "aarch64")])
+def test_shipped_blob_is_reproducible(name, arch):
+    """``native/build.py --check`` rebuilds the blob and finds the same bytes and manifest
+    entry (skipped without the compiler and headers that built it)."""
+    build = _build_module()
+    t = build.target(name)
+    why = build.why_not(t, arch, build.find_include(t.python, t.headers), _native.read_manifest(name))
+    if why:
+        pytest.skip(why)
+    out = subprocess.run([sys.executable, os.path.join(NATIVE_SRC, "build.py"), "--check", "--only", name,
+                          "--arch", arch], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert f"{name}-{arch}: identical" in out.stdout, out.stdout
+
+
+def test_build_refuses_external_symbols(tmp_path):
+    build = _build_module()
+    if build.have_tools("x86_64"):
+        pytest.skip("no x86-64 toolchain")
+    inc = build.find_include("3.12") or build.find_include("3.13")
+    if inc is None:
+        pytest.skip("no headers")
+    t = build.Target("bad", "sysmon", "3.12", ("bad.c",), ("x86_64",), ("Python.h",))
+    (tmp_path / "bad.c").write_text("#include <Python.h>\nPyObject *f(void) { return PyTuple_New(1); }\n")
+    old = build.HERE
+    build.HERE = str(tmp_path)
+    try:
+        with pytest.raises(build.BuildError, match="external symbols"):
+            build.build_arch(t, "x86_64", inc, str(tmp_path / "out"))
+    finally:
+        build.HERE = old
+
+
+# --------------------------------------------------------------------------- refusals
+def test_missing_blob_is_refused():
+    with pytest.raises(_native.NativeUnavailable, match="not shipped"):
+        _native.read_manifest("sysmon399")
+
+
+def test_unknown_manifest_format_is_refused(tmp_path, monkeypatch):
+    (tmp_path / "old.json").write_text(json.dumps({"format": 1, "arch": "x86_64"}))
+    monkeypatch.setattr(_native, "NATIVE_DIR", str(tmp_path))
+    with pytest.raises(_native.NativeUnavailable, match="unknown manifest format 1"):
+        _native.read_manifest("old")
+
+
+@pytest.mark.parametrize("name", BLOBS)
+def test_an_architecture_without_code_is_refused(name, monkeypatch):
+    monkeypatch.setattr(_env, "MACHINE", "riscv64")
+    with pytest.raises(_native.NativeUnavailable, match=f"no {name} code for riscv64"):
+        _native.load_copy(name)
+
+
+@pytest.mark.parametrize("name", BLOBS)
+def test_a_corrupted_blob_is_refused(name, tmp_path, monkeypatch):
+    for f in os.listdir(_native.NATIVE_DIR):
+        shutil.copy(os.path.join(_native.NATIVE_DIR, f), tmp_path / f)
+    info = _native.read_manifest(name)["arches"].get(_native.machine())
+    if info is None:
+        pytest.skip(f"no {name} code for this architecture")
+    blob = tmp_path / info["blob"]
+    data = bytearray(blob.read_bytes())
+    data[10] ^= 0xFF
+    blob.write_bytes(bytes(data))
+    monkeypatch.setattr(_native, "NATIVE_DIR", str(tmp_path))
+    with pytest.raises(_native.NativeUnavailable, match="checksum"):
+        _native.read_image(name)
+    with pytest.raises(_native.NativeUnavailable, match="checksum"):
+        _native.load_copy(name)
+
+
+@needs_own_blob
+def test_refuses_when_the_os_refuses_executable_memory(monkeypatch):
+    monkeypatch.setattr(_native, "_mprotect", lambda addr, size, prot: errno.EACCES)
+    with pytest.raises(_native.NativeUnavailable, match="refused executable memory"):
+        _native.load_copy(own_blob())  # type: ignore[arg-type]
+
+
+@needs_own_blob
+def test_a_symbol_the_interpreter_lacks_is_refused(monkeypatch):
+    name = own_blob()
+    manifest = _native.read_manifest(name)  # type: ignore[arg-type]
+    info = manifest["arches"][_native.machine()]
+    table = dict(info["table"])
+    first = next(iter(table))
+    table["f:monstack_no_such_function"] = table.pop(first)
+    info["table"] = table
+    with pytest.raises(_native.NativeUnavailable, match="monstack_no_such_function"):
+        _native.load_copy(name, manifest)  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------- loading
+def _perms(lo_addr: int, hi_addr: int) -> dict:
+    out = {}
+    with open("/proc/self/maps") as f:
+        for line in f:
+            lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+            if lo < hi_addr and hi > lo_addr:
+                out[lo] = line.split()[1]
+    return out
+
+
+@needs_own_blob
+def test_loaded_code_is_never_writable_and_executable_and_stays_mapped():
+    blob = _native.load_copy(own_blob())  # type: ignore[arg-type]
+    perms = _perms(blob.base, blob.base + blob.map_size)
+    assert perms[blob.base].startswith("r-x"), perms
+    assert not any("w" in p and "x" in p for p in perms.values()), perms
+    if blob.data:
+        assert any(p.startswith("rw-") for p in perms.values()), perms
+        blob.put_i64(8, 1234)
+        assert blob.get_i64(8) == 1234
+        with pytest.raises(IndexError):
+            blob.get_i64(blob.info["data"]["size"])
+    del blob
+    import gc
+
+    gc.collect()
+    assert any(e[0] == "mapping" for e in _native._FOREVER)
+
+
+@needs_own_blob
+def test_the_table_holds_the_interpreter_s_addresses():
+    blob = _native.load_copy(own_blob())  # type: ignore[arg-type]
+    for entry, offset in blob.info["table"].items():
+        assert ctypes.c_void_p.from_address(blob.base + offset).value == _native.resolve(entry), entry
+    for symbol, offset in blob.symbols.items():
+        assert blob.addr(symbol) == blob.base + offset
+    with pytest.raises(_native.NativeUnavailable, match="no symbol"):
+        blob.addr("ms_nonesuch")
+
+
+@needs_own_blob
+def test_load_maps_once_per_process_load_copy_each_time():
+    name = own_blob()
+    assert _native.load(name) is _native.load(name)  # type: ignore[arg-type]
+    a, b = _native.load_copy(name), _native.load_copy(name)  # type: ignore[arg-type]
+    assert a.base != b.base
+
+
+def test_api_function_is_private_and_made_once():
+    f = _native.api_function("PyLong_FromLong", ctypes.py_object, ctypes.c_long)
+    assert f(7) == 7
+    assert _native.api_function("PyLong_FromLong", ctypes.py_object, ctypes.c_long) is f
+    with pytest.raises(_native.NativeUnavailable, match="does not export"):
+        _native.api_function("monstack_nonesuch", None)
+
+
+@pytest.mark.skipif(_native.machine() != "aarch64", reason="the instruction cache is flushed on aarch64 only")
+def test_icache_flush_is_available():
+    buf = ctypes.create_string_buffer(256)
+    _native._clear_icache(ctypes.addressof(buf), ctypes.addressof(buf) + 256)  # raises if it cannot
