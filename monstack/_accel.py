@@ -25,12 +25,11 @@ import ctypes
 import os
 import struct
 import sys
-import sysconfig
 import threading
 import types
 from typing import Any, Callable, Dict, Optional
 
-from . import _native, _stack
+from . import _env, _native, _stack
 
 MAGIC = 0x6D6F6E73796D6F6E  # "monsymon", struct ms_api in native/sysmon.c
 STATE_NAME = b"monstack.sysmon_native.state"
@@ -81,19 +80,23 @@ def _require() -> None:
 
 
 def _refusal() -> Optional[str]:
-    if sys.implementation.name != "cpython":
-        return f"needs CPython (this is {sys.implementation.name})"
-    if sys.version_info[:2] not in ((3, 12), (3, 13)):
-        return f"native callbacks exist for CPython 3.12 and 3.13 (this is {sys.version_info[0]}.{sys.version_info[1]})"
-    if sysconfig.get_config_var("Py_GIL_DISABLED"):
+    # what the build is (free-threaded, debug) before its version: no version of the
+    # native code runs on such a build
+    if not _env.CPYTHON:
+        return f"needs CPython (this is {_env.IMPLEMENTATION})"
+    if _env.FREE_THREADED:
         return "free-threaded build (no GIL): not supported by the native callbacks"
-    if hasattr(sys, "gettotalrefcount"):
+    if _env.DEBUG_BUILD:
         return "debug build of CPython: not supported by the native callbacks"
-    if not sys.platform.startswith("linux"):
+    v = _env.PYVERSION
+    if v[:2] not in _env.NATIVE_CALLBACK_VERSIONS:
+        known = " and ".join(f"{a}.{b}" for a, b in _env.NATIVE_CALLBACK_VERSIONS)
+        return f"native callbacks exist for CPython {known} (this is {v[0]}.{v[1]})"
+    if not _env.LINUX:
         return f"native callbacks are built for Linux only (this is {sys.platform})"
     if _native.machine() not in ("x86_64", "aarch64"):
         return f"no native callbacks for {_native.machine()} (x86_64 and aarch64 only)"
-    if ctypes.sizeof(ctypes.c_void_p) != 8:
+    if _env.POINTER_BITS != 64:
         return "needs a 64-bit interpreter"
     return None
 

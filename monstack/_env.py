@@ -26,6 +26,29 @@ MACHINE: str = {"amd64": "x86_64", "arm64": "aarch64"}.get(
 )
 LINUX: bool = sys.platform.startswith("linux")
 POINTER_BITS: int = 64 if sys.maxsize > 2**32 else 32
+#: A debug build (``--with-pydebug``: reference-count debugging changes object layouts).
+DEBUG_BUILD: bool = hasattr(sys, "gettotalrefcount")
+
+#: CPython versions the native ``sys.monitoring`` callbacks are built for.
+NATIVE_CALLBACK_VERSIONS: tuple[tuple[int, int], ...] = ((3, 12), (3, 13))
+
+#: ``traceback.TracebackException.format(colorize=...)`` exists (3.13+).
+COLORIZED_TRACEBACKS: bool = PYVERSION[:2] >= (3, 13)
+
+#: Where a generator frame linked in by ``gen.throw()`` sits while the frames it delegates
+#: to run: its ``yield from``/``await`` suspension point. 3.11/3.12: the YIELD_VALUE it
+#: suspended at; 3.13+: the RESUME after it, with oparg 2 (after yield from) or 3 (after
+#: await). A frame that is running sits elsewhere (SEND, a call...).
+RESUME_AFTER_YIELD: bool = PYVERSION[:2] >= (3, 13)
+#: That opcode (YIELD_VALUE or RESUME) per minor version (a test checks them against
+#: ``opcode``, which costs ~1.5 ms to import); looked up for any other version.
+DELEGATION_OP: int = {(3, 11): 86, (3, 12): 150, (3, 13): 149, (3, 14): 128, (3, 15): 128}.get(PYVERSION[:2], -1)
+if DELEGATION_OP < 0:  # pragma: no cover (a version the table does not know)
+    from opcode import opmap as _opmap
+
+    DELEGATION_OP = _opmap["RESUME" if RESUME_AFTER_YIELD else "YIELD_VALUE"]
+    del _opmap
+
 
 def sha256_hex(data: bytes) -> str:
     """sha256 of ``data`` with CPython's built-in implementation when there is one

@@ -331,6 +331,8 @@ _native_lock = threading.Lock()
 def _static_reason() -> Optional[str]:
     if not _env.CPYTHON:
         return f"needs CPython (this is {_env.IMPLEMENTATION})"
+    if _env.DEBUG_BUILD:
+        return "a debug build of CPython (reference-count debugging) is not supported"
     v = _env.PYVERSION
     if v[:2] != (3, 11):
         return f"the eval_frame shim is for CPython 3.11 (this is {v[0]}.{v[1]}.{v[2]})"
@@ -341,8 +343,6 @@ def _static_reason() -> Optional[str]:
         return f"no shim code for {sys.platform} (Linux only)"
     if _env.POINTER_BITS != 64:
         return "no shim code for 32-bit interpreters"
-    if hasattr(sys, "gettotalrefcount"):
-        return "a debug build of CPython (reference-count debugging) is not supported"
     return None
 
 

@@ -8,9 +8,9 @@ to let :mod:`monstack._colorize` decide for the stream).
 from __future__ import annotations
 
 import linecache
-import sys
 from typing import IO, Any, Iterable, Optional, Sequence, Union
 
+from . import _env
 from ._colorize import ANSI, resolve
 
 #: Identical consecutive frames shown before "[Previous line repeated N more times]".
@@ -189,7 +189,7 @@ def _hide_own_frames(te) -> None:
 
 
 #: CPython 3.13+ colours tracebacks itself (``TracebackException.format(colorize=...)``).
-_COLORIZE_TRACEBACKS = sys.version_info >= (3, 13)
+_COLORIZE_TRACEBACKS = _env.COLORIZED_TRACEBACKS
 
 
 def _fallback_exception_lines(exc: BaseException) -> list[str]:

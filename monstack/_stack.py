@@ -28,9 +28,10 @@ install, or started since). Native backends share exactly this structure.
 from __future__ import annotations
 
 import _thread
-import sys
 from types import CodeType, FrameType
 from typing import TYPE_CHECKING, Any, Callable, Optional, Tuple
+
+from . import _env
 
 if TYPE_CHECKING:
     from ._policy import Policy
@@ -46,19 +47,9 @@ SUSPENDABLE = 0x20 | 0x80 | 0x100 | 0x200
 
 Node = Tuple[CodeType, Optional["Node"], int]  # type: ignore[misc]
 
-# Where a generator frame linked in by gen.throw() sits while the frames it delegates to
-# run: its ``yield from``/``await`` suspension point. 3.11/3.12: the YIELD_VALUE it
-# suspended at; 3.13: the RESUME after it, with oparg 2 (after yield from) or 3 (after
-# await). A frame that is running sits elsewhere (SEND, a call...).
-_RESUME_AFTER_YIELD = sys.version_info >= (3, 13)
-#: That opcode (YIELD_VALUE or RESUME): fixed per minor version (a test checks them; the
-#: ``opcode`` module costs ~1.5 ms to import), looked up for any other version.
-DELEGATION_OP: int = {(3, 11): 86, (3, 12): 150, (3, 13): 149}.get(sys.version_info[:2], -1)
-if DELEGATION_OP < 0:  # pragma: no cover (a version the table does not know)
-    from opcode import opmap as _opmap
-
-    DELEGATION_OP = _opmap["RESUME" if _RESUME_AFTER_YIELD else "YIELD_VALUE"]
-    del _opmap
+# Where a generator frame linked in by gen.throw() sits (see _env.DELEGATION_OP).
+_RESUME_AFTER_YIELD = _env.RESUME_AFTER_YIELD
+DELEGATION_OP: int = _env.DELEGATION_OP
 
 
 def linked_suspended(frame: FrameType) -> bool:
