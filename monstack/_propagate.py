@@ -455,7 +455,13 @@ def _apply_asyncio_tasks() -> None:
             finally:
                 CURRENT_ORIGIN.reset(token)
             try:
-                task.add_done_callback(functools.partial(_task_done, snap))
+                if task.done():
+                    # An eager task (eager_task_factory, 3.12+) that finished inside
+                    # create_task: a done callback would only be scheduled, and the
+                    # creator may await the task before it runs.
+                    _task_done(snap, task)
+                else:
+                    task.add_done_callback(functools.partial(_task_done, snap))
             except Exception:
                 pass
             return task

@@ -253,6 +253,55 @@ def test_thread_pool_worker_origin_is_reset(installed):
         assert pool.submit(current_origin).result() is None
 
 
+# -- concurrent.futures: interpreters (3.14+) --------------------------------------------------
+
+needs_interpreter_pool = pytest.mark.skipif(
+    not hasattr(cf, "InterpreterPoolExecutor"), reason="InterpreterPoolExecutor is new in CPython 3.14"
+)
+
+
+@needs_interpreter_pool
+def test_interpreter_pool_runs_unshareable_work_and_attaches_the_origin(installed):
+    """A function defined inside a function cannot be pickled or shared; the pool runs it
+    (in another interpreter, which does not import monstack) exactly as without monstack,
+    and its failure carries the submitting line, attached in this interpreter."""
+
+    def double(x):
+        return 2 * x
+
+    def boom(x):
+        raise ValueError(x)
+
+    with cf.InterpreterPoolExecutor(1) as pool:
+        assert pool.submit(double, 21).result() == 42
+        future = pool.submit(boom, 7)  # @interp-submit
+        with pytest.raises(ValueError) as info:
+            future.result()
+        assert list(pool.map(double, [1, 2])) == [2, 4]
+        with pytest.raises(ValueError) as mapped:
+            list(pool.map(boom, [3]))  # @interp-map
+    assert info.value.args == (7,)
+    assert_created_at(origin_of(info.value), "interp-submit")
+    assert_created_at(origin_of(mapped.value), "interp-map")
+    assert "set_exception" not in vars(future)  # the pending-time hook is gone
+
+
+@needs_interpreter_pool
+def test_interpreter_pool_without_the_point_is_untouched():
+    monstack.install(propagate=["threading"])
+    try:
+        def boom():
+            raise ValueError("x")
+
+        with cf.InterpreterPoolExecutor(1) as pool:
+            future = pool.submit(boom)
+            with pytest.raises(ValueError) as info:
+                future.result()
+        assert origin_of(info.value) is None and "set_exception" not in vars(future)
+    finally:
+        monstack.uninstall()
+
+
 # -- concurrent.futures: processes ----------------------------------------------------------------
 
 
@@ -584,14 +633,35 @@ def test_asyncio_eager_task_factory(installed):
         asyncio.get_running_loop().set_task_factory(asyncio.eager_task_factory)
         inside = await asyncio.create_task(report_origin())  # @eager
         task = asyncio.create_task(fails_at_once())  # @eager-fail
+        assert task.done()  # it failed inside create_task
         try:
             await task
         except Boom as exc:
-            return inside, exc
+            return inside, origin_of(exc)  # read where the creator handles it, not later
 
-    inside, exc = asyncio.run(main())
+    inside, seen = asyncio.run(main())
     assert_created_at(inside, "eager")
-    assert_created_at(origin_of(exc), "eager-fail")
+    assert_created_at(seen, "eager-fail")
+
+
+@pytest.mark.skipif(
+    sys.version_info < (3, 13),
+    reason="CPython 3.12's TaskGroup raises CancelledError when an eager task fails at once, with or without monstack",
+)
+def test_asyncio_eager_taskgroup(installed):
+    async def fails_at_once():
+        raise Boom("eager")
+
+    async def main():
+        asyncio.get_running_loop().set_task_factory(asyncio.eager_task_factory)
+        try:
+            async with asyncio.TaskGroup() as tg:
+                tg.create_task(fails_at_once())  # @eager-group
+        except ExceptionGroup as group:
+            return [origin_of(e) for e in group.exceptions]
+
+    [seen] = asyncio.run(main())
+    assert_created_at(seen, "eager-group")
 
 
 def test_asyncio_explicit_context_is_left_alone(installed):
