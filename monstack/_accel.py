@@ -22,7 +22,6 @@ difference:
 from __future__ import annotations
 
 import ctypes
-import os
 import struct
 import sys
 import threading
@@ -568,8 +567,3 @@ def counters(callback: Any) -> Dict[str, int]:
 def is_native(callback: Any) -> bool:
     owner = type(getattr(callback, "__self__", None))
     return type(callback).__name__ == "builtin_function_or_method" and owner.__name__ == "PyCapsule"
-
-
-def env_disabled() -> bool:
-    """``MONSTACK_ACCELERATOR=0`` (or false/no/off) turns the native callbacks off."""
-    return os.environ.get("MONSTACK_ACCELERATOR", "").strip().lower() in ("0", "false", "no", "off")

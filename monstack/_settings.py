@@ -35,6 +35,8 @@ BACKEND_ENV = "MONSTACK_BACKEND"
 ACCELERATOR_ENV = "MONSTACK_ACCELERATOR"
 #: The variable that chooses colour in monstack's reports.
 COLOR_ENV = "MONSTACK_COLOR"
+#: Internal: set in the child process the bench rehearses itself in (no rehearsal there).
+BENCH_NO_REHEARSAL_ENV = "MONSTACK_BENCH_NO_REHEARSAL"
 
 #: ``MONSTACK`` values that turn monstack on (case-insensitive, surrounding blanks ignored).
 TRUE_VALUES: tuple[str, ...] = ("1", "true", "yes", "on")

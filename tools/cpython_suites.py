@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Run CPython's own regression tests with and without monstack and compare the results.
 
-For every supported CPython found (3.11, 3.12, 3.13 through pyenv, or pythonX.Y on
+For every supported CPython found (3.11 to 3.15 through pyenv, or pythonX.Y on
 PATH), runs ``python -m test`` on the suites that exercise what monstack hooks into
 (threading, concurrent.futures, generators, coroutines, contextlib, logging) in three
 modes:
@@ -48,7 +48,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-VERSIONS = ("3.11", "3.12", "3.13")
+VERSIONS = ("3.11", "3.12", "3.13", "3.14", "3.15")
 DEFAULT_TESTS = (
     "test_threading",
     "test_threading_local",

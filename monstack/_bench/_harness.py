@@ -18,7 +18,7 @@ import time
 from typing import Any, Callable, Optional, Sequence
 
 import monstack
-from monstack import _env
+from monstack import _env, _settings
 
 
 class Config:
@@ -117,7 +117,7 @@ def _safe_kw() -> dict:
 
 
 #: Set in the rehearsal child (and by tests) to skip the rehearsal.
-NO_REHEARSAL_ENV = "MONSTACK_BENCH_NO_REHEARSAL"
+NO_REHEARSAL_ENV = _settings.BENCH_NO_REHEARSAL_ENV
 _rehearsal: list = []
 
 
