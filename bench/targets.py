@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import Any, Optional
 
 #: Names the bench's JSON uses (monstack/_bench: SECTIONS, and the op-queue's two floor rows).
@@ -26,20 +27,9 @@ NOISE_FLOOR = "no capture again (noise)"
 FILTERED_FLOOR = "every code filtered, no snapshot"
 
 
-def _get(d: Any, *path: Any) -> Any:
-    for p in path:
-        if not isinstance(d, dict) or p not in d:
-            return None
-        d = d[p]
-    return d
-
-
-def main_snapshot_method(methods: dict) -> Optional[str]:
-    """The first monstack row of the snapshot section (the bench's reference row)."""
-    for name in methods:
-        if name.startswith("monstack ") and "walk" not in name and "pure-Python" not in name:
-            return name
-    return None
+# The JSON readers the bench's own report uses (this checkout's monstack).
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from monstack._bench._report import _get, main_snapshot_method  # noqa: E402
 
 
 def targets(r: dict) -> list[dict]:
