@@ -1,4 +1,4 @@
-"""Native ``sys.monitoring`` callbacks (CPython 3.12 / 3.13, GIL builds, Linux x86-64/aarch64).
+"""Native ``sys.monitoring`` callbacks (CPython 3.12-3.15, GIL builds, Linux x86-64/aarch64).
 
 The machine code (``native/sysmon.c``, built by ``native/build.py`` into
 ``monstack/_native/sysmon3XX-<arch>.bin``, loaded by ``_native``) keeps exactly the
@@ -89,8 +89,12 @@ def _refusal() -> Optional[str]:
         return "debug build of CPython: not supported by the native callbacks"
     v = _env.PYVERSION
     if v[:2] not in _env.NATIVE_CALLBACK_VERSIONS:
-        known = " and ".join(f"{a}.{b}" for a, b in _env.NATIVE_CALLBACK_VERSIONS)
+        names = [f"{a}.{b}" for a, b in _env.NATIVE_CALLBACK_VERSIONS]
+        known = " and ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
         return f"native callbacks exist for CPython {known} (this is {v[0]}.{v[1]})"
+    if _env.TAIL_CALL_INTERP:
+        return ("tail-calling interpreter build: the native callbacks read the interpreter's frames and "
+                "were tested only with the classic interpreter")
     if not _env.LINUX:
         return f"native callbacks are built for Linux only (this is {sys.platform})"
     if _native.machine() not in ("x86_64", "aarch64"):
@@ -232,12 +236,18 @@ def _verify_layout(blob: _native.Blob) -> None:
     # the opcodes ms_linked_suspended compares: YIELD_VALUE and RESUME seen in compiled
     # code (not through the `opcode` module: 1.5 ms of import at every install); their
     # instrumented and specialised forms are fixed per minor version, checked above
+    # (as the pair a yield compiles to: YIELD_VALUE then the RESUME after it; 3.14
+    # numbers RESUME 8 above YIELD_VALUE, so a set of opcodes would not tell them apart)
     gen = compile("def g():\n    yield 1\n", "<monstack opcode check>", "exec").co_consts[0]
-    ops = set(gen.co_code[0::2])
-    need(lay["op_YIELD_VALUE"] in ops and lay["op_RESUME"] in ops, "opcodes YIELD_VALUE/RESUME")
+    ops = gen.co_code[0::2]
+    need((lay["op_YIELD_VALUE"], lay["op_RESUME"]) in set(zip(ops, ops[1:])), "opcodes YIELD_VALUE/RESUME")
     _verify_type_fields(lay, need)
     _verify_code_extra(lay, need)
-    _verify_dict_version(lay, need)
+    if "ma_version_tag" in lay:
+        _verify_dict_version(lay, need)
+    else:
+        _verify_dict_entries(lay, need)
+        _verify_tuple_hash(lay, need)
 
 
 def _verify_type_fields(lay: Dict[str, int], need: Callable[[bool, str], None]) -> None:
@@ -285,7 +295,7 @@ def _verify_type_fields(lay: Dict[str, int], need: Callable[[bool, str], None]) 
          and sub_dealloc != word(tuple, "tp_dealloc", ctypes.c_void_p), "PyTypeObject.tp_dealloc")
     need(word(Sub, "tp_finalize", ctypes.c_void_p) is None and word(Final, "tp_finalize", ctypes.c_void_p) is not None,
          "PyTypeObject.tp_finalize")
-    # (tp_del: tp_version_tag and its padding before tp_finalize, in 3.12 and 3.13)
+    # (tp_del: tp_version_tag and its padding before tp_finalize, in 3.12 to 3.15)
     need(lay["tp_finalize"] - lay["tp_del"] == 16 and word(Sub, "tp_del", ctypes.c_void_p) is None,
          "PyTypeObject.tp_del")
 
@@ -322,6 +332,48 @@ def _verify_dict_version(lay: Dict[str, int], need: Callable[[bool, str], None])
         v = ctypes.c_uint64.from_address(at).value
         need(v not in seen, "PyDictObject.ma_version_tag does not change with the dict")
         seen.append(v)
+
+
+def _verify_dict_entries(lay: Dict[str, int], need: Callable[[bool, str], None]) -> None:
+    """3.14+ (no dict version tag): the native TLS.cell cache finds "cell" in the thread's
+    ``_thread._local`` dict by reading its keys object (combined, str-keyed: an index
+    table of ``1 << dk_log2_index_bytes`` bytes, then the entries). Read it the same way
+    here, before and after the dict is resized, and compare with what Python holds."""
+    local = threading.local()
+    local.other = 1
+    cell = local.cell = [None]
+    d = local.__dict__
+
+    def word(addr: int, kind: Any = ctypes.c_void_p) -> Any:
+        return kind.from_address(addr).value
+
+    def entries() -> list:
+        keys = word(id(d) + lay["ma_keys"])
+        need(keys is not None and word(id(d) + lay["ma_values"]) is None, "PyDictObject.ma_keys/ma_values")
+        need(word(keys + lay["dk_kind"], ctypes.c_uint8) != lay["DICT_KEYS_GENERAL"], "PyDictKeysObject.dk_kind")
+        n = word(keys + lay["dk_nentries"], ctypes.c_ssize_t)
+        need(n == len(d), "PyDictKeysObject.dk_nentries")
+        first = keys + lay["dk_indices"] + (1 << word(keys + lay["dk_log2_index_bytes"], ctypes.c_uint8))
+        size = lay["sizeof_PyDictUnicodeEntry"]
+        return [(word(first + i * size + lay["me_key"]), word(first + i * size + lay["me_value"])) for i in range(n)]
+
+    need(entries() == [(id("other"), id(1)), (id("cell"), id(cell))], "dict entries (PyDictUnicodeEntry)")
+    for i in range(40):  # resized: a larger keys object, larger index entries
+        setattr(local, f"k{i}", i)
+    got = entries()
+    need(got[:2] == [(id("other"), id(1)), (id("cell"), id(cell))] and len(got) == 42,
+         "dict entries after a resize")
+
+
+def _verify_tuple_hash(lay: Dict[str, int], need: Callable[[bool, str], None]) -> None:
+    """3.14+ caches a tuple's hash in the tuple (-1: not computed): the native code
+    resets it in the node tuples it reuses and the snapshots it allocates."""
+    t = tuple([object(), 2])
+    at = id(t) + lay["tuple_ob_hash"]
+    need(lay["tuple_ob_hash"] + 8 == lay["tuple_ob_item"] and ctypes.c_ssize_t.from_address(at).value == -1,
+         "PyTupleObject.ob_hash (not computed)")
+    h = hash(t)
+    need(ctypes.c_ssize_t.from_address(at).value == h, "PyTupleObject.ob_hash (computed)")
 
 
 def _verify_runtime(probe: Callable) -> None:
@@ -385,6 +437,19 @@ def _verify_runtime(probe: Callable) -> None:
     p, gcode, ccode, clasti = drive()
     need(p[0] is gcode, "generator frame's code object")
     need(p[2] is ccode and p[3] == clasti, "generator's caller frame")
+
+    # called through C (map): the frame before the callee's is the interpreter's entry
+    # frame (FRAME_OWNED_BY_CSTACK up to 3.13, FRAME_OWNED_BY_INTERPRETER from 3.14),
+    # which the probe skips as frame.f_back does
+    def through_c():
+        return list(map(lambda _: (probe(), getframe(0).f_code), [0]))[0]
+
+    def via():
+        return through_c(), getframe(0).f_code
+
+    (p, lcode), vcode = via()
+    need(p[0] is lcode, "code object of a frame called from C")
+    need(p[2] is through_c.__code__, "caller past a C entry frame")
 
 
 def _fn(name: str) -> Callable:

@@ -30,7 +30,20 @@ POINTER_BITS: int = 64 if sys.maxsize > 2**32 else 32
 DEBUG_BUILD: bool = hasattr(sys, "gettotalrefcount")
 
 #: CPython versions the native ``sys.monitoring`` callbacks are built for.
-NATIVE_CALLBACK_VERSIONS: tuple[tuple[int, int], ...] = ((3, 12), (3, 13))
+NATIVE_CALLBACK_VERSIONS: tuple[tuple[int, int], ...] = ((3, 12), (3, 13), (3, 14), (3, 15))
+
+#: Built with the tail-calling interpreter (3.14+, ``--with-tail-call-interp``; the config
+#: variable is ``Py_TAIL_CALL_INTERP`` in 3.14, ``_Py_TAIL_CALL_INTERP`` in 3.15). The
+#: native callbacks were tested only with the classic interpreter (switch-based
+#: ``_PyEval_EvalFrameDefault``): refused on such a build.
+TAIL_CALL_INTERP: bool = bool(
+    sysconfig.get_config_var("Py_TAIL_CALL_INTERP") or sysconfig.get_config_var("_Py_TAIL_CALL_INTERP")
+)
+#: The experimental JIT (3.14+) is on in this process (``PYTHON_JIT=1`` with a build that
+#: has it; decided at startup). Code whose events ``sys.monitoring`` delivers is not
+#: JIT-compiled; filtered code (its events disabled) is, and calls tracked code from
+#: JIT code: the native callbacks are tested with it on.
+JIT_ENABLED: bool = bool(getattr(getattr(sys, "_jit", None), "is_enabled", lambda: False)())
 
 #: ``traceback.TracebackException.format(colorize=...)`` exists (3.13+).
 COLORIZED_TRACEBACKS: bool = PYVERSION[:2] >= (3, 13)

@@ -67,6 +67,10 @@ class Target:
 TARGETS = (
     Target("sysmon312", "sysmon", "3.12", ("sysmon.c",), ("x86_64",), ("Python.h",)),
     Target("sysmon313", "sysmon", "3.13", ("sysmon.c",), ("x86_64", "aarch64"), ("Python.h",)),
+    Target("sysmon314", "sysmon", "3.14", ("sysmon.c",), ("x86_64",),
+           ("Python.h", os.path.join("internal", "pycore_interpframe_structs.h"))),
+    Target("sysmon315", "sysmon", "3.15", ("sysmon.c",), ("x86_64",),
+           ("Python.h", os.path.join("internal", "pycore_interpframe_structs.h"))),
     Target("evalframe311", "evalframe", "3.11", ("shim311.c", "shim311.h", "offsets.c"), ("x86_64", "aarch64"),
            ("Python.h", os.path.join("internal", "pycore_frame.h"))),
 )
@@ -212,6 +216,23 @@ def find_include(version: str, required: Tuple[str, ...] = ("Python.h",)) -> Opt
     return None
 
 
+def multiarch_dirs(include_dir: str) -> List[str]:
+    """Extra include directories the headers need: Debian's ``pyconfig.h`` is a wrapper
+    that includes ``<x86_64-linux-gnu/python3.X/pyconfig.h>`` (one per architecture),
+    which lives under the parent of the include directory (``sysconfig``'s
+    ``INCLUDEPY``): that parent, searched after the system directories. None for a
+    ``pyconfig.h`` that is the real one (pyenv, python.org builds)."""
+    try:
+        with open(os.path.join(include_dir, "pyconfig.h")) as f:
+            wrapped = re.findall(r"^\s*#\s*include\s*<([\w.-]+/python3\.\d+t?/pyconfig\.h)>", f.read(), re.M)
+    except OSError:
+        return []
+    parent = os.path.dirname(os.path.normpath(include_dir))
+    if wrapped and any(os.path.isfile(os.path.join(parent, w)) for w in wrapped):
+        return [parent]
+    return []
+
+
 def header_version(include_dir: str) -> str:
     with open(os.path.join(include_dir, "patchlevel.h")) as f:
         m = re.search(r'#define PY_VERSION\s+"([^"]+)"', f.read())
@@ -321,8 +342,9 @@ def build_arch(target: Target, arch: str, include: str, outdir: str) -> dict:
         for name in target.sources:
             shutil.copy(os.path.join(HERE, name), os.path.join(tmp, name))
         obj = os.path.join(tmp, "blob.o")
+        extra = [a for d in multiarch_dirs(include) for a in (f"-ffile-prefix-map={d}=include-multiarch", "-idirafter", d)]
         run([TOOLS[arch]["cc"], *cflags, f"-ffile-prefix-map={tmp}=.", f"-ffile-prefix-map={include}=include",
-             "-I", include, "-c", target.sources[0], "-o", obj], cwd=tmp)
+             "-I", include, *extra, "-c", target.sources[0], "-o", obj], cwd=tmp)
         check_object(target, arch, obj)
         image, symbols = link(target, arch, obj, tmp, 0)
         image2, symbols2 = link(target, arch, obj, tmp, OTHER_BASE)
@@ -375,7 +397,8 @@ def describe_sysmon(arch: str, image: bytes, symbols: Dict[str, int]) -> tuple:
 def read_offsets(arch: str, cflags: List[str], include: str, srcdir: str) -> Dict[str, int]:
     """The shim's struct offsets, read from the assembly of offsets.c (cross builds
     need not run target code)."""
-    asm = run([TOOLS[arch]["cc"], *cflags, "-I", include, "-S", "-o", "-", "offsets.c"], cwd=srcdir)
+    extra = [a for d in multiarch_dirs(include) for a in ("-idirafter", d)]
+    asm = run([TOOLS[arch]["cc"], *cflags, "-I", include, *extra, "-S", "-o", "-", "offsets.c"], cwd=srcdir)
     out: Dict[str, int] = {}
     pat = re.compile(r"^ms_off__(\w+):\s*\n\s*\.(quad|xword|8byte|zero)\s+(\d+)", re.M)
     for name, kind, value in pat.findall(asm):

@@ -36,12 +36,16 @@
 #include <Python.h>
 #include <internal/pycore_frame.h>
 #include <internal/pycore_gc.h>
+#if PY_VERSION_HEX >= 0x030E0000
+#include <internal/pycore_interpframe_structs.h>
+#include <internal/pycore_dict.h>
+#endif
 #include <opcode.h>
 #include <stddef.h>
 #include <stdint.h>
 
-#if PY_VERSION_HEX < 0x030C0000 || PY_VERSION_HEX >= 0x030E0000
-#error "sysmon.c is for CPython 3.12 and 3.13"
+#if PY_VERSION_HEX < 0x030C0000 || PY_VERSION_HEX >= 0x03100000
+#error "sysmon.c is for CPython 3.12 to 3.15"
 #endif
 #ifdef Py_GIL_DISABLED
 #error "free-threaded builds are not supported"
@@ -150,6 +154,35 @@ const char ms_table_names[] = MS_FUNCS(NAME_F) MS_OBJS(NAME_O) MS_PTRS(NAME_P);
 #define IF_CODE_EXPR offsetof(_PyInterpreterFrame, f_code)
 #define IF_INSTR_EXPR offsetof(_PyInterpreterFrame, prev_instr)
 #endif
+#if PY_VERSION_HEX >= 0x030E0000
+/* 3.14+: no dict version tag (ma_version_tag is gone): the TLS.cell cache checks the
+ * thread's TLS dict entry itself (ms_cell), reading the dict's keys object. */
+#define MS_LAYOUT_DICT offsetof(PyDictObject, ma_keys)
+#define MS_LAYOUT_DICT_NAME "ma_keys\0"
+#define MS_LAYOUT_MORE                                                          \
+    offsetof(PyDictObject, ma_values),                                          \
+    offsetof(PyDictKeysObject, dk_log2_index_bytes),                            \
+    offsetof(PyDictKeysObject, dk_kind),                                        \
+    offsetof(PyDictKeysObject, dk_nentries),                                    \
+    offsetof(PyDictKeysObject, dk_indices),                                     \
+    sizeof(PyDictUnicodeEntry),                                                 \
+    offsetof(PyDictUnicodeEntry, me_key),                                       \
+    offsetof(PyDictUnicodeEntry, me_value),                                     \
+    DICT_KEYS_GENERAL,                                                          \
+    offsetof(PyTupleObject, ob_hash),                                           \
+    FRAME_OWNED_BY_GENERATOR,                                                   \
+    FRAME_OWNED_BY_INTERPRETER,                                                 \
+    Py_TAG_BITS,
+#define MS_LAYOUT_MORE_NAMES                                                    \
+    "ma_values\0dk_log2_index_bytes\0dk_kind\0dk_nentries\0dk_indices\0"       \
+    "sizeof_PyDictUnicodeEntry\0me_key\0me_value\0DICT_KEYS_GENERAL\0tuple_ob_hash\0" \
+    "FRAME_OWNED_BY_GENERATOR\0FRAME_OWNED_BY_INTERPRETER\0Py_TAG_BITS\0"
+#else
+#define MS_LAYOUT_DICT offsetof(PyDictObject, ma_version_tag)
+#define MS_LAYOUT_DICT_NAME "ma_version_tag\0"
+#define MS_LAYOUT_MORE
+#define MS_LAYOUT_MORE_NAMES
+#endif
 __attribute__((used))
 const uint64_t ms_layout[] = {
     PY_VERSION_HEX,
@@ -173,7 +206,7 @@ const uint64_t ms_layout[] = {
     offsetof(PyMethodDef, ml_meth),
     offsetof(PyMethodDef, ml_flags),
     offsetof(PyCodeObject, co_extra),
-    offsetof(PyDictObject, ma_version_tag),
+    MS_LAYOUT_DICT,
     offsetof(PyTypeObject, tp_basicsize),
     offsetof(PyTypeObject, tp_itemsize),
     offsetof(PyTypeObject, tp_flags),
@@ -200,17 +233,18 @@ const uint64_t ms_layout[] = {
     offsetof(PyCFunctionObject, vectorcall),
     offsetof(PyTypeObject, tp_vectorcall_offset),
     Py_TPFLAGS_HAVE_VECTORCALL,
+    MS_LAYOUT_MORE
 };
 __attribute__((used))
 const char ms_layout_names[] =
     "PY_VERSION_HEX\0sizeof_PyObject\0ts_id\0ts_interp\0ts_dict\0ts_frame\0"
     "if_code\0if_previous\0if_globals\0if_instr\0if_owner\0co_filename\0"
     "co_firsttraceable\0co_code_adaptive\0tuple_ob_item\0list_ob_item\0"
-    "var_ob_size\0sizeof_PyMethodDef\0ml_meth\0ml_flags\0co_extra\0ma_version_tag\0"
+    "var_ob_size\0sizeof_PyMethodDef\0ml_meth\0ml_flags\0co_extra\0" MS_LAYOUT_DICT_NAME
     "tp_basicsize\0tp_itemsize\0tp_flags\0tp_base\0tp_dictoffset\0tp_weaklistoffset\0"
     "tp_alloc\0TPFLAGS_HAVE_GC\0tp_free\0sizeof_PyGC_Head\0tp_dealloc\0tp_finalize\0tp_del\0"
     "op_YIELD_VALUE\0op_INSTRUMENTED_YIELD_VALUE\0op_RESUME\0op_INSTRUMENTED_RESUME\0op_RESUME_CHECK\0"
-    "cfunc_m_self\0cfunc_vectorcall\0tp_vectorcall_offset\0TPFLAGS_HAVE_VECTORCALL\0";
+    "cfunc_m_self\0cfunc_vectorcall\0tp_vectorcall_offset\0TPFLAGS_HAVE_VECTORCALL\0" MS_LAYOUT_MORE_NAMES;
 
 /* ---------------------------------------------------------------- refcounts */
 /* Py_INCREF is inline with no external reference; Py_DECREF would name _Py_Dealloc. */
@@ -239,6 +273,7 @@ typedef struct {
     void *ce_extras[1];
 } ms_code_extra;
 
+#if PY_VERSION_HEX < 0x030E0000
 /* The dict version tag: bumped by every change of the dict (deprecated in 3.12 but
  * still maintained in 3.12 and 3.13; the loader verifies that it moves). */
 #pragma GCC diagnostic push
@@ -248,6 +283,7 @@ static inline uint64_t ms_dict_version(PyObject *d)
     return ((PyDictObject *)d)->ma_version_tag;
 }
 #pragma GCC diagnostic pop
+#endif
 #define IS_TYPE(op, field) (Py_TYPE(op) == (PyTypeObject *)API.field)
 
 /* ---------------------------------------------------------------- state */
@@ -294,6 +330,14 @@ struct ms_state {
     uint64_t c_version;
     PyObject *c_ldict;    /* strong */
     PyObject *c_cell;     /* strong */
+#if PY_VERSION_HEX >= 0x030E0000
+    /* 3.14+ (no version tag; c_version unused): where "cell" sat in c_ldict's keys
+     * when cached: the keys object c_keys (not owned: only compared; NULL: nothing
+     * cached), its dk_log2_index_bytes and the entry's index. See ms_cell. */
+    PyDictKeysObject *c_keys;
+    Py_ssize_t c_index;
+    uint8_t c_log2_index_bytes;
+#endif
     /* counters (read by tests through ms_counters) */
     int64_t n_push_known, n_push_unknown, n_pop, n_seed, n_resync, n_decide, n_errors, n_cache_miss, n_linked;
     int64_t n_events, n_reused;
@@ -318,6 +362,9 @@ static void ms_cache_drop(struct ms_state *st)
     st->c_id = 0;
     st->c_ldict = NULL;
     st->c_cell = NULL;
+#if PY_VERSION_HEX >= 0x030E0000
+    st->c_keys = NULL;
+#endif
     ms_xdecref(ldict);
     ms_xdecref(cell);
 }
@@ -403,13 +450,28 @@ static inline _PyInterpreterFrame *ms_current_frame(PyThreadState *ts)
 #endif
 }
 
+/* A frame owned by the C stack: an entry frame of the interpreter (frame.f_back skips
+ * it). 3.12/3.13: FRAME_OWNED_BY_CSTACK; 3.14 renumbered the owners and marks entry
+ * frames FRAME_OWNED_BY_INTERPRETER (FRAME_OWNED_BY_CSTACK, 4 in 3.14, is assigned
+ * nowhere and gone in 3.15): CPython tests owner >= FRAME_OWNED_BY_INTERPRETER. */
+#if PY_VERSION_HEX >= 0x030E0000
+#define MS_OWNED_BY_C(f) ((f)->owner >= FRAME_OWNED_BY_INTERPRETER)
+#else
+#define MS_OWNED_BY_C(f) ((f)->owner == FRAME_OWNED_BY_CSTACK)
+#endif
+
 /* The code object a (non-C-stack) frame runs, or NULL. */
 static inline PyCodeObject *ms_frame_code(_PyInterpreterFrame *f)
 {
-    if (f->owner == FRAME_OWNED_BY_CSTACK) {
+    if (MS_OWNED_BY_C(f)) {
         return NULL;
     }
-#if PY_VERSION_HEX >= 0x030D0000
+#if PY_VERSION_HEX >= 0x030E0000
+    /* a _PyStackRef: the pointer with tag bits (Py_TAG_REFCNT for a deferred or
+     * immortal reference); a NULL reference masks to NULL */
+    PyObject *ex = PyStackRef_AsPyObjectBorrow(f->f_executable);
+    return (ex != NULL && IS_TYPE(ex, code_type)) ? (PyCodeObject *)ex : NULL;
+#elif PY_VERSION_HEX >= 0x030D0000
     PyObject *ex = f->f_executable;
     return (ex != NULL && IS_TYPE(ex, code_type)) ? (PyCodeObject *)ex : NULL;
 #else
@@ -554,6 +616,36 @@ static inline int ms_tracked(PyObject *self, struct ms_state *st, PyObject *code
 }
 
 /* ---------------------------------------------------------------- TLS.cell */
+#if PY_VERSION_HEX >= 0x030E0000
+/* The entries of a combined, str-keyed dict's keys object (DK_UNICODE_ENTRIES). */
+static inline PyDictUnicodeEntry *ms_dict_entries(PyDictKeysObject *keys)
+{
+    return (PyDictUnicodeEntry *)(keys->dk_indices + ((size_t)1 << keys->dk_log2_index_bytes));
+}
+
+/* Remember where `ldict` holds s_cell -> cell (see ms_cell); nothing (c_keys NULL: every
+ * event looks the cell up) for a split or general dict, or a key that is not s_cell
+ * itself. */
+static void ms_cache_locate(struct ms_state *st, PyObject *ldict, PyObject *cell)
+{
+    PyDictObject *d = (PyDictObject *)ldict;
+    PyDictKeysObject *keys = d->ma_keys;
+    st->c_keys = NULL;
+    if (d->ma_values != NULL || keys->dk_kind == DICT_KEYS_GENERAL) {
+        return;
+    }
+    PyDictUnicodeEntry *ep = ms_dict_entries(keys);
+    for (Py_ssize_t i = 0; i < keys->dk_nentries; i++) {
+        if (ep[i].me_key == st->s_cell && ep[i].me_value == cell) {
+            st->c_keys = keys;
+            st->c_index = i;
+            st->c_log2_index_bytes = keys->dk_log2_index_bytes;
+            return;
+        }
+    }
+}
+#endif
+
 /* This thread's TLS.cell (borrowed from the cache), NULL with no exception when the
  * thread has none (unseeded) or it is None (*is_none set), NULL with an exception on
  * error. Like the Python callbacks, pops treat a None cell as no stack and pushes
@@ -591,7 +683,11 @@ static PyObject *ms_cell_slow(struct ms_state *st, PyThreadState *ts, int *is_no
     Py_INCREF(cell);
     st->c_ts = ts;
     st->c_id = ts->id;
+#if PY_VERSION_HEX >= 0x030E0000
+    ms_cache_locate(st, ldict, cell);
+#else
     st->c_version = ms_dict_version(ldict);
+#endif
     st->c_ldict = ldict;
     st->c_cell = cell;
     return cell;
@@ -599,9 +695,29 @@ static PyObject *ms_cell_slow(struct ms_state *st, PyThreadState *ts, int *is_no
 
 static inline PyObject *ms_cell(struct ms_state *st, PyThreadState *ts, int *is_none)
 {
+#if PY_VERSION_HEX >= 0x030E0000
+    /* The thread's TLS dict still maps "cell" (st->s_cell itself) to c_cell: its keys
+     * object is the one cached (by address), with the same index size, combined and
+     * str-keyed, and the cached entry -- one it has in use -- holds s_cell -> c_cell.
+     * Keys are unique within a dict, so that is the "cell" lookup's answer, even if the
+     * keys object was replaced by another at the same address (all checked on the
+     * current one, inside its used entries). */
+    if (LIKELY(ts == st->c_ts && ts->id == st->c_id)) {
+        PyDictObject *d = (PyDictObject *)st->c_ldict;
+        PyDictKeysObject *keys = d->ma_keys;
+        if (LIKELY(keys == st->c_keys && d->ma_values == NULL && keys->dk_kind != DICT_KEYS_GENERAL &&
+                   keys->dk_log2_index_bytes == st->c_log2_index_bytes && st->c_index < keys->dk_nentries)) {
+            PyDictUnicodeEntry *ep = ms_dict_entries(keys) + st->c_index;
+            if (LIKELY(ep->me_key == st->s_cell && ep->me_value == st->c_cell)) {
+                return st->c_cell;
+            }
+        }
+    }
+#else
     if (LIKELY(ts == st->c_ts && ts->id == st->c_id && ms_dict_version(st->c_ldict) == st->c_version)) {
         return st->c_cell;
     }
+#endif
     return ms_cell_slow(st, ts, is_none);
 }
 
@@ -672,6 +788,9 @@ static int ms_push(struct ms_state *st, PyThreadState *ts, PyObject *cell, PyObj
     if (LIKELY(!fresh)) {
         node = st->spare[--st->n_spare];
         st->n_reused++;
+#if PY_VERSION_HEX >= 0x030E0000
+        ((PyTupleObject *)node)->ob_hash = -1; /* 3.14+ caches a tuple's hash */
+#endif
     }
     else if ((node = API.PyTuple_New(3)) == NULL) {
         return -1;
@@ -832,7 +951,7 @@ static void ms_drop_linked(struct ms_state *st, PyThreadState *ts, PyObject *cel
         f = f->previous;
         /* (a generator resumed from C, as _gen_throw resumes the one that catches,
          * runs above a C-stack entry frame: skipped, as frame.f_back skips it) */
-        while (f != NULL && f->owner == FRAME_OWNED_BY_CSTACK) {
+        while (f != NULL && MS_OWNED_BY_C(f)) {
             f = f->previous;
         }
         if (f == NULL || !ms_linked_suspended(f)) {
@@ -1153,6 +1272,9 @@ static PyObject *ms_snap_alloc(PyTypeObject *cls)
     ((PyGC_Head *)mem)->_gc_prev = MS_SNAP_MARK;
     PyObject *op = (PyObject *)((char *)mem + sizeof(PyGC_Head));
     API.PyObject_InitVar((PyVarObject *)op, cls, MS_SNAP_ITEMS); /* type ref, refcount 1 */
+#if PY_VERSION_HEX >= 0x030E0000
+    ((PyTupleObject *)op)->ob_hash = -1; /* not computed (as tuple_alloc resets it) */
+#endif
     return op;
 }
 
@@ -1333,6 +1455,9 @@ static PyObject *ms_build_snapshot(struct ms_state *st, int from_caller)
         ms_decref(origin);
         return NULL;
     }
+#if PY_VERSION_HEX >= 0x030E0000
+    ((PyTupleObject *)snap)->ob_hash = -1; /* (tp_alloc zeroed it; tuple_subtype_new resets it) */
+#endif
     PyTuple_SET_ITEM(snap, 0, top);
     PyTuple_SET_ITEM(snap, 1, off);
     PyTuple_SET_ITEM(snap, 2, origin);

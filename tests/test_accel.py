@@ -35,7 +35,7 @@ WHY = _accel.unavailable()
 OK = WHY is None
 SUPPORTED = (
     sys.platform.startswith("linux")
-    and sys.version_info[:2] in ((3, 12), (3, 13))
+    and sys.version_info[:2] in ((3, 12), (3, 13), (3, 14), (3, 15))
     and (_native.machine() == "x86_64" or (_native.machine(), sys.version_info[:2]) == ("aarch64", (3, 13)))
     and not sysconfig.get_config_var("Py_GIL_DISABLED")
     and not hasattr(sys, "gettotalrefcount")
@@ -576,7 +576,96 @@ def test_refuses_free_threaded_builds(monkeypatch):
 
 def test_refuses_other_versions(monkeypatch):
     monkeypatch.setattr(_env, "PYVERSION", (3, 10, 0))
-    assert "3.12 and 3.13" in (_accel._refusal() or "")
+    assert "exist for CPython 3.12, 3.13, 3.14 and 3.15 (this is 3.10)" in (_accel._refusal() or "")
+
+
+def test_refuses_debug_and_tail_calling_builds_with_the_reason(monkeypatch):
+    monkeypatch.setattr(_env, "DEBUG_BUILD", True)
+    assert "debug build" in (_accel._refusal() or "")
+    monkeypatch.setattr(_env, "DEBUG_BUILD", False)
+    monkeypatch.setattr(_env, "TAIL_CALL_INTERP", True)
+    assert "tail-calling interpreter" in (_accel._refusal() or "")
+
+
+def test_build_facts_of_this_interpreter():
+    """The tail-calling interpreter and the JIT (3.14+): facts read once, in _env."""
+    assert _env.TAIL_CALL_INTERP == bool(sysconfig.get_config_var("Py_TAIL_CALL_INTERP")
+                                         or sysconfig.get_config_var("_Py_TAIL_CALL_INTERP"))
+    jit = getattr(sys, "_jit", None)
+    assert _env.JIT_ENABLED == (jit is not None and jit.is_enabled())
+
+
+_JIT_PROGRAM = """
+import sys, monstack
+sys.path[:0] = [{programs!r}, {lib!r}]
+monstack.install(exclude=["hotlib"], propagate=False)
+from mismatch import bad, check
+import hotlib
+assert monstack.status().get("accelerator") == "native", monstack.status()
+cap = monstack.snapshotter()
+
+def cb(i):
+    if i % 89 == 0:
+        check()
+    if i % 13 == 0:
+        raise ValueError
+    if i % 31 == 0:
+        return hotlib.nested(inner, i)
+    return len(cap().records())
+
+def inner(i):
+    check()
+    return 2
+
+def cb2(i):
+    if i % 97 == 0:
+        check()
+    return 1
+
+hotlib.drive(cb, 60000)
+sum(hotlib.gen_drive(cb2, 30000))
+print("jit", sys._jit.is_enabled(), "active", hotlib.active[0], "mismatches", len(bad))
+"""
+
+_JIT_LIB = """
+import sys
+active = [0]
+
+def drive(cb, n):
+    t = 0
+    for i in range(n):
+        if sys._jit.is_active():
+            active[0] += 1
+        try:
+            t += cb(i)
+        except ValueError:
+            t += 1
+    return t
+
+def gen_drive(cb, n):
+    for i in range(n):
+        yield cb(i)
+
+def nested(cb, i):
+    return cb(i) + 1
+"""
+
+
+@needs_native
+@pytest.mark.skipif(not getattr(getattr(sys, "_jit", None), "is_available", lambda: False)(),
+                    reason="no JIT in this build")
+def test_native_callbacks_with_the_jit_on(tmp_path):
+    """PYTHON_JIT=1: tracked code (its events delivered) is not JIT-compiled, filtered code
+    is -- here a library loop, JIT code calling tracked callbacks that snapshot, raise
+    and call back through the library. Every snapshot matches the real frames."""
+    (tmp_path / "hotlib.py").write_text(_JIT_LIB)
+    src = _JIT_PROGRAM.format(programs=os.path.join(ROOT, "tests", "programs"), lib=str(tmp_path))
+    env = dict(os.environ, PYTHON_JIT="1", PYTHONPATH=ROOT)
+    env.pop("MONSTACK_ACCELERATOR", None)
+    out = subprocess.run([sys.executable, "-c", src], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    words = out.stdout.split()
+    assert words[:2] == ["jit", "True"] and int(words[3]) > 10000 and words[4:] == ["mismatches", "0"], out.stdout
 
 
 @needs_native
@@ -993,7 +1082,7 @@ def test_native_snapshots_do_not_count_as_gc_allocations():
 def test_offsets_past_the_small_ints_are_shared_not_allocated():
     """A snapshot's offset and a node's call site past 256 (not CPython's cached small
     ints) come from the state's int cache: two snapshots from one site share the int."""
-    body = "".join(f"    x{i} = n + {i}\n" for i in range(150))
+    body = "".join(f"    x{i} = n + {i}\n" for i in range(100))
     src = ("def callee(cap):\n    return cap()\n\n"
            "def site(n, cap):\n" + body + "    a = cap()\n    b = cap()\n    c = callee(cap)\n"
            "    d = callee(cap)\n    return a, b, c, d\n")
@@ -1003,15 +1092,15 @@ def test_offsets_past_the_small_ints_are_shared_not_allocated():
         exec(compile(src, "/monstack-test/accel_offsets.py", "exec"), ns)
         ns["site"](1, cap)
         a, b, c, d = ns["site"](1, cap)
-        assert a._lasti > 256 and b._lasti > a._lasti
+        assert 256 < a._lasti < b._lasti < 2048  # (past the small ints, within the cache)
         first, second = ns["site"](1, cap)[:2]
         assert first._lasti == a._lasti and first._lasti is a._lasti
         assert second._lasti is b._lasti
         # the call site callee's node records, past 256 too
         assert c._node[2] > 256 and c._node[2] is ns["site"](1, cap)[2]._node[2]
         assert [r[2] for r in shadow_records(c)][-2:] == ["site", "callee"]
-        assert shadow_records(a)[-1][1] == 155 and shadow_records(c)[-2][1] == 157
-        assert a.records()[-1][1] == 155 and b.records()[-1][1] == 156
+        assert shadow_records(a)[-1][1] == 105 and shadow_records(c)[-2][1] == 107
+        assert a.records()[-1][1] == 105 and b.records()[-1][1] == 106
 
 
 @needs_native
@@ -1035,14 +1124,15 @@ def test_snapshot_memory_adopted_only_for_plain_tuple_classes():
         assert _tp_free(Snapshot) == gc_del and _tp_free(Snapshot, "tp_dealloc") != subtype_dealloc
         origin = monstack.snapshotter()()
         assert type(origin) is Snapshot
+        base = sys.getrefcount(origin)  # (3.14+ counts one less: the argument is borrowed)
         # subclass instances: subtype_dealloc, then the adopted base dealloc, which
         # releases their items (an origin, records) and frees them with their tp_free
         s = tuple.__new__(Sub, (None, -1, origin, None, 1))
         rec = ("f", 1, "g", None, None, None)
         t = tuple.__new__(Sub, (None, -1, tuple.__new__(Sub, (None, -1, None, (rec,), 0)), None, 1))
-        assert sys.getrefcount(origin) == 3 and s.origin is origin and t.origin.records() == (rec,)
+        assert sys.getrefcount(origin) == base + 1 and s.origin is origin and t.origin.records() == (rec,)
         del s, t
-        assert sys.getrefcount(origin) == 2
+        assert sys.getrefcount(origin) == base
         assert _accel.snapshot_new(_registered(), monstack.snapshot, Weak, CURRENT_ORIGIN) is not None
         assert (_tp_free(Weak), _tp_free(Weak, "tp_dealloc")) == (gc_del, subtype_dealloc)
         assert (_tp_free(Sub), _tp_free(Sub, "tp_dealloc")) == (gc_del, subtype_dealloc)

@@ -1,6 +1,6 @@
 """The native-code loader (``monstack/_native.py``), the shipped blobs and their build.
 
-Every blob (sysmon callbacks for 3.12/3.13, the 3.11 eval_frame shim) has one manifest
+Every blob (sysmon callbacks for 3.12-3.15, the 3.11 eval_frame shim) has one manifest
 format; the loader maps it read-write, fills its address table, makes the code
 read+execute (never writable and executable at once) and keeps it mapped. The shipped
 bytes must be what ``native/build.py`` makes of the C sources as they are now.
@@ -25,7 +25,7 @@ from monstack import _env, _native
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NATIVE_SRC = os.path.join(ROOT, "native")
-BLOBS = ("sysmon312", "sysmon313", "evalframe311")
+BLOBS = ("sysmon312", "sysmon313", "sysmon314", "sysmon315", "evalframe311")
 TOP_KEYS = {"format", "name", "python", "headers", "sources", "arches"}
 ENTRY_KEYS = {"blob", "size", "sha256", "symbols", "data", "table", "layout", "compiler", "flags"}
 
@@ -47,7 +47,8 @@ def own_blob() -> Optional[str]:
     v = sys.version_info[:2]
     if not _env.CPYTHON or not _env.LINUX or hasattr(sys, "gettotalrefcount"):
         return None
-    name = {(3, 11): "evalframe311", (3, 12): "sysmon312", (3, 13): "sysmon313"}.get(v)
+    name = {(3, 11): "evalframe311", (3, 12): "sysmon312", (3, 13): "sysmon313", (3, 14): "sysmon314",
+            (3, 15): "sysmon315"}.get(v)
     if name is None or _native.machine() not in _native.read_manifest(name)["arches"]:
         return None
     return name
@@ -116,6 +117,7 @@ def test_build_knows_every_shipped_blob():
 
 # --------------------------------------------------------------------------- reproducible
 @pytest.mark.parametrize("name, arch", [("sysmon312", "x86_64"), ("sysmon313", "x86_64"), ("sysmon313", "aarch64"),
+                                        ("sysmon314", "x86_64"), ("sysmon315", "x86_64"),
                                         ("evalframe311", "x86_64"), ("evalframe311", "aarch64")])
 def test_shipped_blob_is_reproducible(name, arch):
     """``native/build.py --check`` rebuilds the blob and finds the same bytes and manifest

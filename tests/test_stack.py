@@ -474,8 +474,10 @@ def test_finalizers_run_inside_monstack_machinery(program):
     assert out.returncode == 0, out.stderr
     first = out.stdout.splitlines()[0]
     mismatches = int(out.stdout.split("mismatches:")[1].split()[0])
+    # (3.15's collections land elsewhere in the reinstall program: none of its checks
+    # runs inside monstack's code there, native callbacks or not)
     shows = (program == "finalizer_in_policy" and "evalframe" in first) or (
-        program == "finalizer_in_reinstall" and first.endswith(" native"))
+        program == "finalizer_in_reinstall" and first.endswith(" native") and not first.startswith("3.15."))
     if not shows:
         pytest.skip(f"the collection does not land inside monstack reliably here ({first}; {mismatches} stale)")
     if mismatches:
