@@ -862,24 +862,55 @@ static __attribute__((noinline)) PyObject *stack_exhausted(PyThreadState *ts)
     return 0;
 }
 
+/* The part of ms_eval_frame after the thread's record is known, for every case but
+ * "filtered, no throw" (which ms_eval_frame finishes itself). */
+static __attribute__((noinline)) PyObject *eval_decided(PyThreadState *ts, _PyInterpreterFrame *frame,
+                                                        int throwflag, int d)
+{
+    if (d == 0) {
+        return filtered_throw(ts, frame);
+    }
+    return tracked_eval(ts, frame, throwflag, d);
+}
+
+/* ms_eval_frame when this thread's record is not ready (first frame of a thread, a new
+ * install): claim or reset it, then go on as ms_eval_frame does. */
+static __attribute__((noinline)) PyObject *eval_new_rec(PyThreadState *ts, _PyInterpreterFrame *frame,
+                                                        int throwflag)
+{
+    struct ms_rec *r = get_rec(ts);
+    if (UNLIKELY(stack_pointer() < r->stack_limit)) {
+        return stack_exhausted(ts);
+    }
+    int d = cached_decision(frame->f_code);
+    if (d == 0 && !throwflag) {
+        return DATA._PyEval_EvalFrameDefault(ts, frame, 0);
+    }
+    return eval_decided(ts, frame, throwflag, d);
+}
+
+/* The entry. Filtered code (the decision cached in co_extra) without a throw is the
+ * hot case: it ends in a tail call of the default evaluator, and every other case in a
+ * tail call of an out-of-line function, so that this path saves no register. */
 __attribute__((used, section(".text.ms_entry")))
 PyObject *ms_eval_frame(PyThreadState *ts, _PyInterpreterFrame *frame, int throwflag)
 {
     if (UNLIKELY(!DATA.enabled || ts->tracing || ts->interp != DATA.interp)) {
         return DATA._PyEval_EvalFrameDefault(ts, frame, throwflag);
     }
-    struct ms_rec *r = get_rec(ts);
+    uintptr_t h = ((uintptr_t)ts * 0x9E3779B97F4A7C15ULL) >> (64 - MS_REC_BITS);
+    struct ms_rec *r = &DATA.recs[h];
+    if (UNLIKELY(r->ts != ts || r->id != ts->id || r->gen != DATA.gen)) {
+        return eval_new_rec(ts, frame, throwflag); /* what get_rec would claim or reset */
+    }
     if (UNLIKELY(stack_pointer() < r->stack_limit)) {
         return stack_exhausted(ts);
     }
     int d = cached_decision(frame->f_code);
-    if (d == 0) {
-        if (UNLIKELY(throwflag)) {
-            return filtered_throw(ts, frame);
-        }
+    if (LIKELY(d == 0 && !throwflag)) {
         return DATA._PyEval_EvalFrameDefault(ts, frame, 0);
     }
-    return tracked_eval(ts, frame, throwflag, d);
+    return eval_decided(ts, frame, throwflag, d);
 }
 
 /* ---- the native snapshot ------------------------------------------------------
