@@ -403,6 +403,9 @@ def _load_into(nat: _Native) -> Optional[str]:
     blob.put_ptr(f["py_true"], id(True))
     blob.put_ptr(f["py_false"], id(False))
     blob.put_ptr(f["exc_recursion"], id(RecursionError))
+    blob.put_ptr(f["exc_type_error"], id(TypeError))
+    blob.put_ptr(f["str_type"], id(str))
+    blob.put_ptr(f["eval_slot"], nat.interp + off["interp_eval_frame"])
     blob.put_ptr(f["list_type"], id(list))
     blob.put_ptr(f["tuple_type"], id(tuple))
     blob.put_ptr(f["long_type"], id(int))
@@ -463,6 +466,7 @@ def _at_exit() -> None:
         return
     f = nat.arch["fields"]
     nat.blob.put_i64(f["enabled"], 0)
+    nat.blob.put_ptr(f["snap_live"], 0)
     nat.gen += 1
     nat.blob.put_i64(f["gen"], nat.gen)
     if _current_eval(nat) == nat.entry:
@@ -509,10 +513,6 @@ class EvalFrameBackend:
             return nat.reason
         return _foreign_reason(nat)
 
-    #: The shim has no native snapshot path (yet): snapshot() takes its Python fast path.
-    snapshot_native: Optional[Callable[[], Any]] = None
-    capture_native: Optional[Callable[[], Any]] = None
-
     def __init__(self, policy: Policy, host: Host, accelerator: Optional[bool] = None) -> None:
         """``accelerator`` is ignored: this backend is the native shim or nothing."""
         self.policy = policy
@@ -524,6 +524,14 @@ class EvalFrameBackend:
         self._eval_view: Optional[ctypes.c_void_p] = None
         self._replaced_by = 0
         self._warned = False
+        #: The native whole-snapshot path (``ms_snapshot_new``, called from inside
+        #: ``snapshot()``), or None; ``snapshotter()``'s function (``ms_capture``), or None.
+        self.snapshot_native: Optional[Callable[[], Any]] = None
+        self.capture_native: Optional[Callable[[], Any]] = None
+        #: This install's token while its native snapshot paths are live: a 1-tuple
+        #: holding ``monstack.snapshot`` (the self of both functions; the shim answers
+        #: only while ``DATA.snap_live`` is this object, else they fall back).
+        self._snap_token: Optional[tuple] = None
 
     def start(self) -> None:
         why = self.unavailable()
@@ -561,6 +569,38 @@ class EvalFrameBackend:
             raise RuntimeError("backend 'evalframe': the interpreter did not take the shim (layout mismatch)")
         self._nat = nat
         self._eval_view = view
+        self._start_snapshots(nat)
+
+    def _start_snapshots(self, nat: _Native) -> None:
+        """Offer the native snapshot paths, if ``Snapshot``'s layout is the one the shim
+        builds (as ``_accel.snapshot_new`` checks it for the 3.12/3.13 callbacks)."""
+        from . import _snapshot
+
+        cls = _snapshot.Snapshot
+        items = tuple.__getitem__  # Snapshot's own __getitem__/__iter__ read frames
+        try:
+            first = cls._new(None, 7, None)
+            if (cls.__base__ is not tuple or items(first, slice(None)) != (None, 7, None, None, 0)
+                    or items(cls._new(None, 8, first), slice(None)) != (None, 8, first, None, 1)
+                    or _snapshot._HOP_BITS != 32):
+                return
+        except Exception:
+            return
+        blob = nat.blob
+        assert blob is not None
+        f = nat.arch["fields"]
+        token = (self.host.snapshot,)
+        by_file = self.policy.tracked_files()
+        blob.put_ptr(f["snap_live"], 0)
+        blob.put_ptr(f["snap_cls"], id(cls))
+        blob.put_ptr(f["origin_var"], id(_snapshot.CURRENT_ORIGIN))
+        blob.put_ptr(f["shorten"], id(_snapshot._SHORTEN_CELL))
+        blob.put_ptr(f["by_file"], id(by_file))
+        self._keep += (cls, _snapshot.CURRENT_ORIGIN, _snapshot._SHORTEN_CELL, by_file, token)
+        self._snap_token = token
+        blob.put_ptr(f["snap_live"], id(token))
+        self.snapshot_native = _loader.cached_function(blob, "ms_snapshot_new", "snapshot_new", self_obj=token)
+        self.capture_native = _loader.cached_function(blob, "ms_capture", "snapshot", self_obj=token)
 
     def _disable(self, nat: _Native) -> None:
         blob = nat.blob
@@ -569,7 +609,8 @@ class EvalFrameBackend:
         blob.put_i64(f["enabled"], 0)
         nat.gen += 1
         blob.put_i64(f["gen"], nat.gen)
-        for name in ("tls", "tls_key", "str_cell", "decide"):
+        self._retire_snapshots(nat)
+        for name in ("tls", "tls_key", "str_cell", "decide", "by_file"):
             blob.put_ptr(f[name], 0)
         self._keep = ()
 
@@ -579,6 +620,8 @@ class EvalFrameBackend:
             return
         self._nat = None
         self._eval_view = None
+        self.snapshot_native = None
+        self.capture_native = None
         self._disable(nat)
         if _current_eval(nat) == nat.entry:
             _set_eval(nat, nat.default)
@@ -586,7 +629,22 @@ class EvalFrameBackend:
         _stack.reset_tls()
 
     def retire_fast(self) -> None:
-        pass  # no native snapshot path to retire
+        """The native snapshot paths stop answering (uninstall, or a shadow stack that
+        can no longer be trusted); handed-out ``snapshotter()`` functions fall back to
+        ``monstack.snapshot``."""
+        self.snapshot_native = None
+        self.capture_native = None
+        nat = self._nat
+        if nat is not None:
+            self._retire_snapshots(nat)
+
+    def _retire_snapshots(self, nat: _Native) -> None:
+        token, self._snap_token = self._snap_token, None
+        blob = nat.blob
+        if token is not None and blob is not None:
+            off = nat.arch["fields"]["snap_live"]
+            if blob.get_i64(off) == id(token):
+                blob.put_ptr(off, 0)
 
     def capture(self, frame: Optional[FrameType]) -> tuple[Any, int]:
         view = self._eval_view

@@ -862,22 +862,290 @@ static __attribute__((noinline)) PyObject *stack_exhausted(PyThreadState *ts)
     return 0;
 }
 
+/* The part of ms_eval_frame after the thread's record is known, for every case but
+ * "filtered, no throw" (which ms_eval_frame finishes itself). */
+static __attribute__((noinline)) PyObject *eval_decided(PyThreadState *ts, _PyInterpreterFrame *frame,
+                                                        int throwflag, int d)
+{
+    if (d == 0) {
+        return filtered_throw(ts, frame);
+    }
+    return tracked_eval(ts, frame, throwflag, d);
+}
+
+/* ms_eval_frame when this thread's record is not ready (first frame of a thread, a new
+ * install): claim or reset it, then go on as ms_eval_frame does. */
+static __attribute__((noinline)) PyObject *eval_new_rec(PyThreadState *ts, _PyInterpreterFrame *frame,
+                                                        int throwflag)
+{
+    struct ms_rec *r = get_rec(ts);
+    if (UNLIKELY(stack_pointer() < r->stack_limit)) {
+        return stack_exhausted(ts);
+    }
+    int d = cached_decision(frame->f_code);
+    if (d == 0 && !throwflag) {
+        return DATA._PyEval_EvalFrameDefault(ts, frame, 0);
+    }
+    return eval_decided(ts, frame, throwflag, d);
+}
+
+/* The entry. Filtered code (the decision cached in co_extra) without a throw is the
+ * hot case: it ends in a tail call of the default evaluator, and every other case in a
+ * tail call of an out-of-line function, so that this path saves no register. */
 __attribute__((used, section(".text.ms_entry")))
 PyObject *ms_eval_frame(PyThreadState *ts, _PyInterpreterFrame *frame, int throwflag)
 {
     if (UNLIKELY(!DATA.enabled || ts->tracing || ts->interp != DATA.interp)) {
         return DATA._PyEval_EvalFrameDefault(ts, frame, throwflag);
     }
-    struct ms_rec *r = get_rec(ts);
+    uintptr_t h = ((uintptr_t)ts * 0x9E3779B97F4A7C15ULL) >> (64 - MS_REC_BITS);
+    struct ms_rec *r = &DATA.recs[h];
+    if (UNLIKELY(r->ts != ts || r->id != ts->id || r->gen != DATA.gen)) {
+        return eval_new_rec(ts, frame, throwflag); /* what get_rec would claim or reset */
+    }
     if (UNLIKELY(stack_pointer() < r->stack_limit)) {
         return stack_exhausted(ts);
     }
     int d = cached_decision(frame->f_code);
-    if (d == 0) {
-        if (UNLIKELY(throwflag)) {
-            return filtered_throw(ts, frame);
-        }
+    if (LIKELY(d == 0 && !throwflag)) {
         return DATA._PyEval_EvalFrameDefault(ts, frame, 0);
     }
-    return tracked_eval(ts, frame, throwflag, d);
+    return eval_decided(ts, frame, throwflag, d);
+}
+
+/* ---- the native snapshot ------------------------------------------------------
+ *
+ * monstack.snapshot()'s O(1) case without running Python, as the 3.12/3.13 callbacks
+ * have it (sysmon.c's ms_snapshot_new / ms_capture), answering exactly what
+ * snapshot()'s inline Python path answers, or declining (then that path runs):
+ *   - the frame: snapshot()'s caller (ms_snapshot_new, called from snapshot()) or the
+ *     caller of ms_capture itself (snapshotter()'s function), incomplete frames
+ *     skipped as frame.f_back skips them;
+ *   - when that frame's file is filtered (a framework taking the snapshot for its
+ *     user), up to MS_FILTERED_HOPS frames of files known to be filtered are looked
+ *     through to the nearest tracked frame; a file not decided yet: decline;
+ *   - the thread's top node must run that frame's code with a known call site;
+ *   - the Snapshot is (top, f_lasti, None, None, 0), or under a current origin of
+ *     exactly the Snapshot class (top, f_lasti, origin, None, origin's meta + 1) --
+ *     Snapshot._new's layout (checked by the loader); a chain due to be shortened
+ *     declines (Snapshot._new makes the shortened copy).
+ * Tracked/filtered is the policy's per-file decision: the co_extra cache of this epoch
+ * (set from the same policy), else its tracked_files() dict.
+ * Declines too when the install retired the paths (uninstall, a distrusted stack: its
+ * token is no longer DATA.snap_live), when another eval_frame function replaced ours
+ * (the shadow stack is stale), and in another interpreter. */
+
+#define MS_FILTERED_HOPS 16
+#define MS_HOP_BITS 32
+#define MS_HOP_MASK ((1LL << MS_HOP_BITS) - 1)
+
+/* The policy's decision for co's file: 1 tracked, 0 filtered, -1 not decided (or not
+ * a plain str file name). Runs no Python code. */
+static inline int file_decision(PyCodeObject *co)
+{
+    int d = cached_decision(co);
+    if (LIKELY(d >= 0)) {
+        return d;
+    }
+    PyObject *by_file = DATA.by_file;
+    PyObject *name = co->co_filename;
+    if (by_file == 0 || Py_TYPE(name) != DATA.str_type) {
+        return -1;
+    }
+    PyObject *v = DATA.PyDict_GetItemWithError(by_file, name);
+    if (v == DATA.py_true) {
+        return 1;
+    }
+    if (v == DATA.py_false) {
+        return 0;
+    }
+    if (v == 0 && DATA.PyErr_Occurred() != 0) {
+        DATA.PyErr_Clear();
+    }
+    return -1;
+}
+
+static inline _PyInterpreterFrame *complete_from(_PyInterpreterFrame *f)
+{
+    while (f != 0 && frame_incomplete(f)) {
+        f = f->previous;
+    }
+    return f;
+}
+
+/* The meta int of a snapshot linked to `origin` (new reference), or NULL: decline. */
+static __attribute__((noinline)) PyObject *linked_meta(PyObject *origin)
+{
+    PyObject *shorten = DATA.shorten;
+    if (Py_TYPE(origin) != DATA.snap_cls || Py_SIZE(origin) != 5 || shorten == 0 ||
+        Py_TYPE(shorten) != DATA.list_type || Py_SIZE(shorten) != 1) {
+        return 0;
+    }
+    PyObject *m = tuple_items(origin)[4];
+    PyObject *at = list_items(shorten)[0];
+    if (Py_TYPE(m) != DATA.long_type || Py_TYPE(at) != DATA.long_type) {
+        return 0;
+    }
+    Py_ssize_t meta = DATA.PyLong_AsSsize_t(m);
+    Py_ssize_t shorten_at = DATA.PyLong_AsSsize_t(at);
+    if (meta < 0 || shorten_at < 0 || meta >= PY_SSIZE_T_MAX) {
+        if (DATA.PyErr_Occurred() != 0) {
+            DATA.PyErr_Clear();
+        }
+        return 0;
+    }
+    meta += 1;
+    if ((meta & MS_HOP_MASK) >= shorten_at) {
+        return 0;
+    }
+    PyObject *out = DATA.PyLong_FromSsize_t(meta);
+    if (out == 0) {
+        DATA.PyErr_Clear();
+    }
+    return out;
+}
+
+/* The Snapshot (new reference), NULL with an exception (out of memory), or None
+ * (new reference): take the Python path. from_caller: the frame is the current
+ * frame's caller (called from snapshot()), else the current frame. */
+static PyObject *build_snapshot(PyObject *self, int from_caller)
+{
+    PyTypeObject *cls = DATA.snap_cls;
+    if (UNLIKELY(self != DATA.snap_live || self == 0 || cls == 0 || !DATA.enabled ||
+                 *DATA.eval_slot != (void *)ms_eval_frame)) {
+        goto decline;
+    }
+    PyThreadState *ts = DATA.PyThreadState_Get();
+    if (UNLIKELY(ts->interp != DATA.interp)) {
+        goto decline;
+    }
+    _PyInterpreterFrame *f = ts->cframe->current_frame;
+    if (f == 0) {
+        goto decline;
+    }
+    f = complete_from(from_caller ? f->previous : f);
+    PyObject *cell = get_cell(ts);
+    if (UNLIKELY(cell == 0)) {
+        goto decline;
+    }
+    PyObject *top = list_items(cell)[0];
+    if (!is_node(top)) {
+        goto decline;
+    }
+    for (int hops = 0;; hops++) {
+        if (f == 0) {
+            goto decline;
+        }
+        int d = file_decision(f->f_code);
+        if (LIKELY(d > 0)) {
+            break;
+        }
+        if (d < 0 || hops == MS_FILTERED_HOPS) {
+            goto decline;
+        }
+        f = complete_from(f->previous);
+    }
+    PyObject *site = tuple_items(top)[2];
+    if (tuple_items(top)[0] != (PyObject *)f->f_code || Py_TYPE(site) != DATA.long_type || Py_SIZE(site) < 0) {
+        goto decline;
+    }
+    Py_ssize_t lasti = frame_lasti(f);
+    if (lasti < 0) {
+        goto decline;
+    }
+    PyObject *origin = 0;
+    if (DATA.PyContextVar_Get(DATA.origin_var, 0, &origin) < 0) {
+        DATA.PyErr_Clear();
+        goto decline;
+    }
+    if (origin == 0) {
+        origin = DATA.py_none;
+        ms_incref(origin);
+    }
+    PyObject *meta;
+    if (LIKELY(origin == DATA.py_none)) {
+        meta = DATA.lasti_ints[0]; /* the int 0 */
+        ms_incref(meta);
+    } else {
+        meta = linked_meta(origin);
+        if (meta == 0) {
+            ms_decref(origin);
+            goto decline;
+        }
+    }
+    PyObject *off;
+    Py_ssize_t half = lasti >> 1;
+    if (LIKELY((lasti & 1) == 0 && half < (Py_ssize_t)DATA.n_lasti_ints)) {
+        off = DATA.lasti_ints[half];
+        ms_incref(off);
+    } else if ((off = DATA.PyLong_FromSsize_t(lasti)) == 0) {
+        ms_decref(meta);
+        ms_decref(origin);
+        return 0;
+    }
+    ms_incref(top); /* before the allocation: a collection may run code that replaces cell[0] */
+    PyObject *snap = cls->tp_alloc(cls, 5); /* as tuple.__new__(cls, ...) allocates */
+    if (snap == 0) {
+        ms_decref(top);
+        ms_decref(off);
+        ms_decref(meta);
+        ms_decref(origin);
+        return 0;
+    }
+    PyObject **items = tuple_items(snap);
+    items[0] = top;
+    items[1] = off;
+    items[2] = origin;
+    ms_incref(DATA.py_none);
+    items[3] = DATA.py_none;
+    items[4] = meta;
+    DATA.n_snap++;
+    return snap;
+decline:
+    DATA.n_snap_py++;
+    ms_incref(DATA.py_none);
+    return DATA.py_none;
+}
+
+/* snapshot_new() -> the Snapshot of the caller of the Python function calling it
+ * (monstack.snapshot()), or None: take the Python path. */
+__attribute__((used, noinline))
+PyObject *ms_snapshot_new(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)args;
+    if (UNLIKELY(nargs != 0)) {
+        ms_incref(DATA.py_none);
+        return DATA.py_none;
+    }
+    return build_snapshot(self, 1);
+}
+
+/* capture() -> the Snapshot of its caller, always: monstack.snapshotter()'s function
+ * (self: the install's token, a 1-tuple holding monstack.snapshot). What the native
+ * case does not cover, and everything once the install retired its paths, goes to
+ * monstack.snapshot, called from C so that its caller is capture()'s caller. */
+__attribute__((used, noinline))
+PyObject *ms_capture(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)args;
+    if (UNLIKELY(self == 0 || Py_TYPE(self) != DATA.tuple_type || Py_SIZE(self) != 1)) {
+        DATA.PyErr_SetString(DATA.exc_type_error, "monstack capture(): not set up");
+        return 0;
+    }
+    if (UNLIKELY(nargs != 0)) {
+        DATA.PyErr_SetString(DATA.exc_type_error, "capture() takes no arguments");
+        return 0;
+    }
+    PyObject *snap = build_snapshot(self, 0);
+    if (LIKELY(snap != DATA.py_none)) {
+        return snap;
+    }
+    ms_decref(snap);
+    PyObject *slow = tuple_items(self)[0];
+    ms_incref(slow);
+    ms_incref(self);
+    PyObject *res = DATA.PyObject_CallFunctionObjArgs(slow, (PyObject *)0);
+    ms_decref(self);
+    ms_decref(slow);
+    return res;
 }

@@ -46,7 +46,10 @@ typedef PyObject *(*ms_evalfunc)(PyThreadState *, _PyInterpreterFrame *, int);
     X(unsigned long, pthread_self, (void))                                    \
     X(int, pthread_getattr_np, (unsigned long, void *))                       \
     X(int, pthread_attr_getstack, (void *, void **, size_t *))                \
-    X(int, pthread_attr_destroy, (void *))
+    X(int, pthread_attr_destroy, (void *))                                    \
+    X(PyThreadState *, PyThreadState_Get, (void))                             \
+    X(int, PyContextVar_Get, (PyObject *, PyObject *, PyObject **))           \
+    X(PyObject *, PyErr_Occurred, (void))
 
 /* Objects and settings the loader writes (name, C type). */
 #define MS_OBJ_FIELDS(X)                                                       \
@@ -54,6 +57,7 @@ typedef PyObject *(*ms_evalfunc)(PyThreadState *, _PyInterpreterFrame *, int);
     X(py_true, PyObject *)                                                     \
     X(py_false, PyObject *)                                                    \
     X(exc_recursion, PyObject *)   /* PyExc_RecursionError */                  \
+    X(exc_type_error, PyObject *)  /* PyExc_TypeError */                       \
     X(list_type, PyTypeObject *)                                               \
     X(tuple_type, PyTypeObject *)                                              \
     X(long_type, PyTypeObject *)                                               \
@@ -70,12 +74,20 @@ typedef PyObject *(*ms_evalfunc)(PyThreadState *, _PyInterpreterFrame *, int);
     X(margin, int64_t)             /* C stack bytes kept in reserve */         \
     X(epoch, int64_t)              /* policy epoch: cached decisions of other epochs are stale */ \
     X(gen, int64_t)                /* install generation: bumped at start and stop */ \
-    X(enabled, int64_t)
+    X(enabled, int64_t)                                                        \
+    /* the native snapshot (ms_snapshot_new, ms_capture), borrowed: the backend keeps them */ \
+    X(str_type, PyTypeObject *)                                                \
+    X(snap_cls, PyTypeObject *)    /* monstack._snapshot.Snapshot */           \
+    X(origin_var, PyObject *)      /* its CURRENT_ORIGIN ContextVar */         \
+    X(shorten, PyObject *)         /* _snapshot._SHORTEN_CELL: [hops at which chains shorten] */ \
+    X(by_file, PyObject *)         /* policy.tracked_files(): file name -> True/False */ \
+    X(eval_slot, void **)          /* &interp->eval_frame: ours, or the stack is not trusted */ \
+    X(snap_live, PyObject *)       /* the live install's token (self of its functions); 0: retired */
 
 /* Counters the loader reads (for `info` and tests). */
 #define MS_COUNTERS(X)                                                         \
     X(n_push) X(n_seed) X(n_verify) X(n_resync) X(n_decide) X(n_stack_refused) \
-    X(n_errors) X(n_rec_claim) X(n_throw)
+    X(n_errors) X(n_rec_claim) X(n_throw) X(n_snap) X(n_snap_py)
 
 /* Per-thread record, in a table indexed by a hash of the PyThreadState pointer. */
 struct ms_rec {

@@ -1012,3 +1012,328 @@ def test_no_leaks_code_objects_freed_and_memory_flat(installed):
     finally:
         tracemalloc.stop()
     assert after - before < 64 * 1024, (before, after)
+
+
+# ---------------------------------------------------------------------------------------
+# the native snapshot (ms_snapshot_new / ms_capture): equal to snapshot()'s Python path
+# ---------------------------------------------------------------------------------------
+
+#: A library (filtered by the tests below) with snapshot()'s Python path on demand, a
+#: framework taking the snapshot for its user, and a filtered recursion.
+SNAP_LIB = (
+    "import monstack\n"
+    "from monstack import _capture\n"
+    "def python_path():\n"
+    "    saved = _capture._native_snapshot\n"
+    "    _capture._native_snapshot = None\n"
+    "    try:\n"
+    "        return monstack.snapshot()\n"
+    "    finally:\n"
+    "        _capture._native_snapshot = saved\n"
+    "def dispatch(take):\n"
+    "    return take()\n"
+    "def deep(n, fn):\n"
+    "    return deep(n - 1, fn) if n else fn()\n"
+)
+
+_items = tuple.__getitem__
+
+
+def _snap_counts() -> tuple:
+    c = counters()
+    return c["n_snap"], c["n_snap_py"]
+
+
+def assert_same(native, python) -> None:
+    """Same Snapshot: the same node, offset, origin object and hop counts (taken by the
+    same call instruction: ``for take in (native, python): out.append(take())``)."""
+    a, b = _items(native, slice(None)), _items(python, slice(None))
+    assert type(native) is type(python)
+    assert a[0] is b[0] and a[1] == b[1] and a[2] is b[2] and a[3] == b[3] and a[4] == b[4], (a, b)
+    assert native.records() == python.records()
+    assert native.format() == python.format()
+
+
+def both(*takes) -> list:
+    """The snapshots ``takes`` return, each called by the same instruction."""
+    out = []
+    for take in takes:
+        out.append(take())
+    return out
+
+
+@pytest.fixture
+def snaplib(tmp_path):
+    """monstack installed with ``SNAP_LIB`` (in tmp_path) filtered; the library's namespace."""
+    monstack.uninstall()
+    monstack.install(exclude=[str(tmp_path) + os.sep])
+    lib = library_module(tmp_path, "monstack_snaplib", SNAP_LIB)
+    lib["dispatch"](lib["python_path"])  # decide the library's file (filtered)
+    lib["deep"](2, lambda: None)
+    try:
+        yield lib
+    finally:
+        monstack.uninstall()
+
+
+@needs_shim
+def test_native_snapshot_is_offered_and_used(snaplib):
+    backend = _capture._state.backend
+    assert _capture._native_snapshot is backend.snapshot_native is not None
+    cap = monstack.snapshotter()
+    assert cap is backend.capture_native and type(cap).__name__ == "builtin_function_or_method"
+
+    def user(n):
+        if n:
+            return user(n - 1)
+        before = _snap_counts()
+        out = []
+        for take in (monstack.snapshot, snaplib["python_path"], cap):
+            out.append(take())
+        return before, _snap_counts(), out, real_records()
+
+    before, after, (native, python, captured), real = user(30)
+    assert after[0] - before[0] == 2  # snapshot() and cap() natively
+    assert_same(native, python)
+    assert_same(captured, python)
+    assert shadow_records(native)[:-1] == real[:-1]
+    assert shadow_records(native)[-1][2] == "user"
+
+
+@needs_shim
+def test_native_snapshot_in_generators_and_coroutines(snaplib):
+    py = snaplib["python_path"]
+
+    def gen():
+        for _ in range(2):
+            out = []
+            for take in (monstack.snapshot, py):
+                out.append(take())
+            yield out
+
+    async def coro():
+        out = []
+        for take in (monstack.snapshot, py):
+            out.append(take())
+        return out
+
+    for native, python in gen():
+        assert_same(native, python)
+    c = coro()
+    try:
+        c.send(None)
+    except StopIteration as stop:
+        assert_same(*stop.value)
+
+
+@needs_shim
+def test_native_snapshot_under_origins_and_chains_past_the_limit(tmp_path):
+    monstack.uninstall()
+    monstack.install(exclude=[str(tmp_path) + os.sep], chain_limit=3)
+    try:
+        lib = library_module(tmp_path, "monstack_snaplib2", SNAP_LIB)
+        lib["python_path"]()
+        py = lib["python_path"]
+        s = monstack.snapshot()
+        declined = native = 0
+        for i in range(20):
+            with monstack.origin(s):
+                n0 = _snap_counts()
+                a, b = both(monstack.snapshot, py)
+                n1 = _snap_counts()
+            assert_same(a, b)
+            # Snapshot._new shortens the chain at 2 * chain_limit hops: the Python path's
+            hops = _items(s, 4) & 0xFFFFFFFF
+            due = hops + 1 >= 6
+            assert (n1[0] - n0[0], n1[1] - n0[1] >= 1) == ((0, True) if due else (1, False)), (i, hops)
+            declined += due
+            native += not due
+            s = a
+        assert declined and native
+        assert _items(s, 4) & 0xFFFFFFFF < 6 and s.origin is not None
+        # an origin that is not exactly a Snapshot: the Python path links it
+        ns = library_module(tmp_path, "monstack_snaplib3",
+                            "from monstack._snapshot import Snapshot\nclass Sub(Snapshot):\n    __slots__ = ()\n")
+        sub = tuple.__new__(ns["Sub"], _items(s, slice(None)))
+        with monstack.origin(sub):
+            n0 = _snap_counts()
+            a, b = both(monstack.snapshot, py)
+            assert _snap_counts()[0] == n0[0]
+        assert_same(a, b)
+    finally:
+        monstack.uninstall()
+
+
+@needs_shim
+def test_native_snapshot_looks_through_filtered_callers(snaplib):
+    py = snaplib["python_path"]
+
+    def user(depth):
+        n0 = _snap_counts()
+        out = []
+        for take in (monstack.snapshot, py):
+            # a framework taking the snapshot for its user, `depth` filtered frames down
+            out.append(snaplib["deep"](depth, take))
+        return out[0], out[1], n0, _snap_counts(), real_records()
+
+    for depth, native in ((0, True), (5, True), (15, True), (16, False), (40, False)):
+        a, b, n0, n1, real = user(depth)
+        assert_same(a, b)
+        assert shadow_records(a)[:-1] == real[:-1] and shadow_records(a)[-1][2] == "user"
+        # deep(depth), deep(depth - 1)... deep(0): depth + 1 filtered frames between
+        # user and snapshot(); 16 looked through at most
+        assert (n1[0] - n0[0] == 1) is native, depth
+    # a snapshotter() function called by filtered code for its user
+    cap = monstack.snapshotter()
+
+    def user2():
+        out = []
+        for take in (cap, py):
+            out.append(snaplib["dispatch"](take))
+        return out, real_records()
+
+    (a, b), real = user2()
+    assert_same(a, b)
+    assert shadow_records(a)[:-1] == real[:-1] and shadow_records(a)[-1][2] == "user2"
+
+
+@needs_shim
+def test_native_snapshot_declines_for_undecided_callers(tmp_path):
+    """A filtered frame whose file the policy has not decided (it started before
+    install): the native path declines, the Python path decides (as snapshot() did)."""
+    monstack.uninstall()
+    lib = library_module(tmp_path, "monstack_undecided", "def take(first, then):\n    first()\n    return then()\n")
+
+    def install():
+        monstack.install(exclude=[str(tmp_path) + os.sep])
+        inner()  # this file decided (tracked) in the new install
+        out.append(_snap_counts())
+
+    def inner():
+        pass
+
+    def user():
+        return lib["take"](install, monstack.snapshot), real_records()
+
+    out: list = []
+    try:
+        snap, real = user()
+        n1 = _snap_counts()
+        assert n1[0] == out[0][0] and n1[1] > out[0][1]  # declined, the Python path answered
+        assert shadow_records(snap)[:-1] == real[:-1] and shadow_records(snap)[-1][2] == "user"
+        assert _capture._state.policy.tracked_files()[lib["take"].__code__.co_filename] is False
+    finally:
+        monstack.uninstall()
+
+
+@needs_shim
+def test_native_snapshot_of_a_new_thread_and_a_forgotten_stack(installed):
+    out = []
+
+    def worker():
+        def inner():
+            out.append((monstack.snapshot(), real_records()))
+            out.append((monstack.snapshot(), real_records()))
+
+        inner()
+
+    th = threading.Thread(target=worker)
+    th.start()
+    th.join()
+    for snap, real in out:
+        assert shadow_records(snap) == real
+    # this thread's stack forgotten (as after a RecursionError): the Python path reseeds
+    try:
+        del _stack.TLS.cell
+    except AttributeError:
+        pass
+    assert check("after the stack was forgotten") == len(real_records()) + 1
+
+
+@needs_shim
+def test_uninstall_and_reinstall_retire_the_native_functions(installed):
+    cap = monstack.snapshotter()
+    backend = _capture._state.backend
+    assert backend.capture_native is cap
+
+    def user(fn):
+        return fn(), real_records()
+
+    snap, real = user(cap)
+    assert shadow_records(snap) == real
+    monstack.uninstall()
+    assert backend.snapshot_native is None and backend.capture_native is None
+    assert _capture._native_snapshot is None
+    nat = _evalframe._native
+    n_snap = nat.blob.get_i64(nat.arch["counters"]["n_snap"])
+    snap, real = user(cap)  # through monstack.snapshot: the walk backend
+    assert shadow_records(snap) == real
+    assert nat.blob.get_i64(nat.arch["counters"]["n_snap"]) == n_snap
+    monstack.install()
+    new = monstack.snapshotter()
+    assert new is not cap and type(new).__name__ == "builtin_function_or_method"
+    user(cap)  # the old install's function: through monstack.snapshot
+    assert counters()["n_snap"] == n_snap + 1  # (monstack.snapshot's own native path)
+    snap, real = user(new)
+    assert shadow_records(snap) == real and counters()["n_snap"] == n_snap + 2
+    # a distrusted stack (as when a policy callback failed) retires them too
+    _capture.disable_fast_path()
+    assert _capture._native_snapshot is None and monstack.snapshotter() is monstack.snapshot
+    snap, real = user(new)
+    assert shadow_records(snap) == real and counters()["n_snap"] == n_snap + 2
+
+
+@needs_shim
+def test_native_snapshot_declines_once_another_eval_frame_replaced_ours():
+    code = FOREIGN + """
+    import sys, warnings
+    import monstack
+    from monstack import _capture
+    from stackcheck import check
+    warnings.simplefilter("ignore")
+    assert monstack.install() == "evalframe"
+    cap = monstack.snapshotter()
+    backend = _capture._state.backend
+    def counts():
+        c = backend.counters()
+        return c["n_snap"], c["n_snap_py"]
+    def a(fn):
+        return b(fn)
+    def b(fn):
+        return fn()
+    a(lambda: check("before"))
+    before = counts()
+    a(cap)
+    print("NATIVE_BEFORE", counts()[0] - before[0])
+    set_foreign()
+    before = counts()
+    native = _capture._native_snapshot
+    s = a(native)   # the shim is no longer called: the shadow stack is stale
+    print("DECLINED", s is None, counts()[0] - before[0])
+    for _ in range(3):
+        a(lambda: check("after replacement"))
+        a(cap)
+    print("RETIRED", backend.snapshot_native is None, _capture._native_snapshot is None)
+    print("NATIVE_AFTER", counts()[0] - before[0])
+    monstack.uninstall()
+    reset()
+    """
+    out = run_py(code)
+    assert out.returncode == 0, out.stderr
+    assert "NATIVE_BEFORE 1" in out.stdout, out.stdout
+    assert "DECLINED True 0" in out.stdout, out.stdout
+    assert "RETIRED True True" in out.stdout and "NATIVE_AFTER 0" in out.stdout, out.stdout
+
+
+@needs_shim
+def test_native_snapshot_is_fast_at_any_depth(installed):
+    import timeit
+
+    def at(depth, fn):
+        return at(depth - 1, fn) if depth else min(timeit.repeat(fn, number=2000, repeat=5)) / 2000
+
+    before = counters()["n_snap"]
+    for depth in (10, 200):
+        at(depth, monstack.snapshot)
+        at(depth, monstack.snapshotter())
+    assert counters()["n_snap"] - before >= 4 * 5 * 2000
