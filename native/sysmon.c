@@ -1,4 +1,4 @@
-/* monstack's native sys.monitoring callbacks for CPython 3.12 / 3.13 (GIL builds).
+/* monstack's native sys.monitoring callbacks for CPython 3.12 to 3.15 (GIL builds).
  *
  * Built by native/build.py into a position-independent, relocation-free blob
  * (monstack/_native/sysmon3XX-<arch>.bin, manifest sysmon3XX.json). The code never names an external
