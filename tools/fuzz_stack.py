@@ -152,6 +152,14 @@ def install():
 fuzzlib.REPORT, fuzzlib.REAL, fuzzlib.GENERATION = _report, _real, _generation
 
 
+def cmp_here(generation, snap, frame):
+    """The second half of an inline check, ``cmp_here(_generation[0], monstack.snapshot(),
+    sys._getframe())``: the snapshot is taken by the checked frame itself (check() is a
+    call, a tracked frame of its own)."""
+    real = _real(frame, current_policy())
+    return _report(snap, real, (current_policy().describe(), generation), "line %d (inline)" % frame.f_lineno)
+
+
 def reinstall():
     uninstall()
     check()
@@ -564,7 +572,7 @@ def _stmt(rnd, i, kinds, level, fin):
     fs = [j for j in later if kinds[j] == "f"]
     gs = [j for j in later if kinds[j] == "g"]
     cs = [j for j in later if kinds[j] == "c"]
-    options = ["check", "check", "raise", "recurse", "recurse", "comprehension", "lambda", "libcheck"]
+    options = ["check", "icheck", "raise", "recurse", "recurse", "comprehension", "lambda", "libcheck"]
     if fs:
         options += ["call", "call", "call", "thread", "viac", "viac", "lib", "lib", "deep"]
         options += ["reinstall", "offcall"] if rnd.random() < 0.5 else []
@@ -583,7 +591,7 @@ def _stmt(rnd, i, kinds, level, fin):
     if fin:
         options += ["del", "del", "collect", "collect"] + (["abandon", "abandon"] if gs else [])
     op = rnd.choice(options)
-    if op in ("check", "comprehension", "lambda", "recurse", "yield", "suspend", "libcheck",
+    if op in ("check", "icheck", "comprehension", "lambda", "recurse", "yield", "suspend", "libcheck",
               "reinstall", "collect"):
         return (op,)
     if op == "raise":
@@ -676,6 +684,8 @@ def _render_stmt(stmt, i, kinds, indent) -> list:
         return [pad + "check()"]
     if op == "libcheck":
         return [pad + "fuzzlib.lib_check()"]
+    if op == "icheck":
+        return [pad + "cmp_here(_generation[0], monstack.snapshot(), sys._getframe())"]
     if op == "comprehension":
         return [pad + "[check() for _ in range(2)]"]
     if op == "lambda":
