@@ -722,10 +722,11 @@ def _apply_trio() -> None:
 
     def make_spawn(original: Callable[..., Any]) -> Callable[..., Any]:
         def spawn_impl(self: Any, async_fn: Any, args: Any, nursery: Any, *rest: Any, **kwargs: Any) -> Any:
-            # Not system tasks, not the main task (in the system nursery: its exception
-            # comes out of trio.run()), not a task given its own context.
+            # Not system tasks, not the main task (its exception comes out of trio.run();
+            # the init task spawns it, in a nursery of its own), not a task given its own
+            # context.
             if ("trio" not in _ON or kwargs.get("system_task") or kwargs.get("context") is not None
-                    or nursery is None or nursery is getattr(self, "system_nursery", None)):
+                    or nursery is None or getattr(nursery, "parent_task", None) is getattr(self, "init_task", None)):
                 return original(self, async_fn, args, nursery, *rest, **kwargs)
             snap = _take()
             task = original(self, async_fn, args, nursery, *rest, **kwargs)

@@ -1277,3 +1277,14 @@ def test_asyncio_taskgroup_with_context(installed):
     (exc,), ctx = asyncio.run(main())
     assert_created_at(origin_of(exc), "taskgroup-context")
     assert _snapshot.CURRENT_ORIGIN not in ctx
+
+
+def test_asyncio_run_in_executor_with_a_process_pool(installed, process_pool):
+    async def main():
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(process_pool, operator.truediv, 1, 0)  # @rie-process
+        except ZeroDivisionError as exc:
+            return exc
+
+    assert_created_at(origin_of(asyncio.run(main())), "rie-process")
