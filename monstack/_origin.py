@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import sys
 import weakref
+from contextvars import Context
 from typing import IO, Any, Callable, Optional, TypeVar
 
 from . import _capture, _format
@@ -126,6 +127,8 @@ class _HasMethod:
 
 _METHOD_TYPE: Any = type(_HasMethod().method)
 _CODE_TYPE = type(_sent_bytes.__code__)
+_FUNCTION_TYPE = type(_sent_bytes)
+_BUILTIN_TYPE = type(len)
 # co_flags of functions whose call only creates a generator or coroutine.
 _CO_KINDS = 0x20 | 0x80 | 0x100 | 0x200  # GENERATOR, COROUTINE, ITERABLE_COROUTINE, ASYNC_GENERATOR
 
@@ -141,29 +144,42 @@ def _opaque(fn: Any) -> bool:
     call only creates the coroutine or generator, so the body never runs in the worker
     anyway: nothing is lost by not carrying an origin.
     """
+    kind = type(fn)
+    if kind is _FUNCTION_TYPE:  # the common case, kept short (every submit asks)
+        return bool(fn.__code__.co_flags & _CO_KINDS) or _marked(fn)
+    if kind is _BUILTIN_TYPE:
+        return False
     try:
         if not callable(fn):
             return True
+        functools = sys.modules.get("functools")
+        partial = functools.partial if functools is not None else ()
         f: Any = fn
         for _ in range(100):  # methods and partials, as inspect unwraps them
             if type(f) is _METHOD_TYPE:
                 f = f.__func__
-                continue
-            functools = sys.modules.get("functools")
-            if functools is not None and isinstance(f, functools.partial):
+            elif isinstance(f, partial):
                 f = f.func
-                continue
-            break
-        code = getattr(f, "__code__", None)
+            else:
+                break
+        if type(f) is _FUNCTION_TYPE:
+            return bool(f.__code__.co_flags & _CO_KINDS) or _marked(f)
+        if type(f) is _BUILTIN_TYPE:
+            return False
+        code = getattr(f, "__code__", None)  # function-like (Cython)
         if type(code) is _CODE_TYPE and code.co_flags & _CO_KINDS:
             return True
-        if getattr(f, "_is_coroutine_marker", None) is not None:  # inspect.markcoroutinefunction
-            return True
-        if getattr(fn, "_is_coroutine", None) is not None:  # asyncio's old marker
-            return True
+        return (getattr(f, "_is_coroutine_marker", None) is not None
+                or getattr(fn, "_is_coroutine", None) is not None)
     except Exception:
         return True
-    return False
+
+
+def _marked(function: Any) -> bool:
+    """Marked a coroutine function (``inspect.markcoroutinefunction``, asyncio's old
+    decorator): attributes in the function's ``__dict__``."""
+    attrs = function.__dict__
+    return bool(attrs) and (attrs.get("_is_coroutine_marker") is not None or attrs.get("_is_coroutine") is not None)
 
 
 def carry(fn: Any, snap: Snapshot) -> Any:
@@ -171,6 +187,8 @@ def carry(fn: Any, snap: Snapshot) -> Any:
     could not answer as it does (:func:`_opaque`). ``functools.partial(ctx.run, f, ...)``
     (what ``asyncio.to_thread`` and trio hand over: ``f`` run in a copied context) gets
     ``f`` wrapped inside the ``ctx.run``, so the origin is current where ``f`` runs."""
+    if type(fn) is _FUNCTION_TYPE:
+        return fn if fn.__code__.co_flags & _CO_KINDS or _marked(fn) else _WithOrigin(fn, snap)
     functools = sys.modules.get("functools")
     if functools is not None and type(fn) is functools.partial and fn.args and _is_context_run(fn.func):
         inner = fn.args[0]
@@ -192,12 +210,8 @@ def has_origin(fn: Any) -> bool:
 
 
 def _is_context_run(func: Any) -> bool:
-    contextvars = sys.modules.get("contextvars")
-    try:
-        return (contextvars is not None and isinstance(getattr(func, "__self__", None), contextvars.Context)
-                and func.__name__ == "run")
-    except Exception:
-        return False
+    """``ctx.run`` of some ``contextvars.Context``."""
+    return type(func) is _BUILTIN_TYPE and type(func.__self__) is Context and func.__name__ == "run"
 
 
 class _RunOf:
