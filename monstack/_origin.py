@@ -127,8 +127,8 @@ class _HasMethod:
 
 _METHOD_TYPE: Any = type(_HasMethod().method)
 _CODE_TYPE = type(_sent_bytes.__code__)
-_FUNCTION_TYPE = type(_sent_bytes)
-_BUILTIN_TYPE = type(len)
+_FUNCTION_TYPE: Any = type(_sent_bytes)
+_BUILTIN_TYPE: Any = type(len)
 # co_flags of functions whose call only creates a generator or coroutine.
 _CO_KINDS = 0x20 | 0x80 | 0x100 | 0x200  # GENERATOR, COROUTINE, ITERABLE_COROUTINE, ASYNC_GENERATOR
 
