@@ -669,7 +669,9 @@ def _make_run_in_executor(original: Callable[..., Any]) -> Callable[..., Any]:
         # asyncio's debug mode (uvloop: always) still refuses them with TypeError.
         # asyncio.to_thread arrives here with partial(ctx.run, func): func is wrapped
         # inside it (so `from asyncio import to_thread` before install() is covered too).
-        if "asyncio_executor" not in _ON or has_origin(func):
+        if "asyncio_executor" not in _ON or has_origin(func) or _crosses_interpreters(executor):
+            # (an InterpreterPoolExecutor needs func as it is: thread_pool's submit
+            # attaches its origin when the future fails)
             return original(self, executor, func, *args)
         snap = _take()
         if snap is None:

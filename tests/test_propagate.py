@@ -1288,3 +1288,20 @@ def test_asyncio_run_in_executor_with_a_process_pool(installed, process_pool):
             return exc
 
     assert_created_at(origin_of(asyncio.run(main())), "rie-process")
+
+
+@needs_interpreter_pool
+def test_asyncio_run_in_executor_with_an_interpreter_pool(installed):
+    def boom(x):
+        raise ValueError(x)
+
+    async def main():
+        with cf.InterpreterPoolExecutor(1) as pool:
+            loop = asyncio.get_running_loop()
+            assert await loop.run_in_executor(pool, operator.add, 1, 2) == 3
+            try:
+                await loop.run_in_executor(pool, boom, 5)  # @rie-interp
+            except ValueError as exc:
+                return exc
+
+    assert_created_at(origin_of(asyncio.run(main())), "rie-interp")
