@@ -690,15 +690,15 @@ def _apply_asyncio_executor() -> None:
 # uvloop's loop is compiled, but ``uvloop.Loop`` (what ``uvloop.new_event_loop()``,
 # ``uvloop.run()`` and its policy create) is a Python subclass of it: the same
 # replacements are set on that subclass, in front of the compiled methods.
+# Third-party modules are taken from sys.modules (their import is what triggered the
+# patch), never imported here: monstack has no dependencies.
 def _apply_uvloop_tasks() -> None:
-    import uvloop
-
+    uvloop = sys.modules["uvloop"]
     _patch(uvloop.Loop, "create_task", _make_create_task, inherited=True)
 
 
 def _apply_uvloop_executor() -> None:
-    import uvloop
-
+    uvloop = sys.modules["uvloop"]
     _patch(uvloop.Loop, "run_in_executor", _make_run_in_executor, inherited=True)
 
 
@@ -711,10 +711,10 @@ _TRIO_TASKS: Any = None
 def _apply_trio() -> None:
     import weakref
 
-    import trio._core._run as trio_run
-    import trio._threads as trio_threads
-
     from ._origin import carry, has_origin
+
+    trio_run = sys.modules["trio._core._run"]  # loaded by trio's own import, as is:
+    trio_threads = sys.modules["trio._threads"]
 
     global _TRIO_TASKS
     if _TRIO_TASKS is None:
