@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import sys
 import weakref
+from contextvars import Context
 from typing import IO, Any, Callable, Optional, TypeVar
 
 from . import _capture, _format
@@ -37,9 +38,19 @@ def _snap() -> Snapshot:
     return _capture.snapshot()
 
 
+#: Dunder attributes a wrapper answers from the callable it wraps (plain attributes are
+#: always forwarded). ``__module__`` and ``__doc__`` are properties: the class has its own.
+_FORWARDED = frozenset(("__name__", "__qualname__", "__annotations__", "__type_params__",
+                        "__defaults__", "__kwdefaults__", "__text_signature__"))
+
+
 class _WithOrigin:
     """``fn`` run with ``snap`` as the current origin; its exception gets ``snap`` attached.
 
+    Answers questions about itself as ``fn`` does (``__name__``, ``__qualname__``,
+    ``__module__``, ``__doc__``, ``inspect.signature`` through ``__wrapped__``, plain
+    attributes), so names, reprs of threads and tasks and libraries' checks keep working;
+    callables a wrapper could not stand in for are never wrapped (see :func:`carry`).
     Picklable when ``fn`` is (process pools): the snapshot travels as plain records.
     """
 
@@ -69,11 +80,20 @@ class _WithOrigin:
                 pass
 
     def __getattr__(self, name: str) -> Any:
-        # __name__, __qualname__ and plain attributes come from the wrapped callable, so
+        # Plain attributes and the names in _FORWARDED come from the wrapped callable, so
         # Thread names, reprs and introspection keep working.
-        if name.startswith("__") and name not in ("__name__", "__qualname__"):
+        if name.startswith("__") and name not in _FORWARDED:
             raise AttributeError(name)
         return getattr(self.__wrapped__, name)
+
+    # The class's own __module__ and __doc__ would answer before __getattr__.
+    @property  # type: ignore[misc]
+    def __module__(self) -> Any:  # type: ignore[override]
+        return getattr(self.__wrapped__, "__module__", None)
+
+    @property  # type: ignore[misc]
+    def __doc__(self) -> Any:  # type: ignore[override]
+        return getattr(self.__wrapped__, "__doc__", None)
 
     def __repr__(self) -> str:
         try:
@@ -87,12 +107,153 @@ class _WithOrigin:
         # per item). Pickling a 20-frame snapshot and unpickling it cost ~20 us each, so
         # the snapshot is pickled once, travels as bytes, and the receiving process
         # unpickles each distinct one once (_received).
-        sent = self._sent
-        if sent is None:
-            import pickle
+        return (_received, (self.__wrapped__, _sent_bytes(self)))
 
-            sent = self._sent = pickle.dumps(self._snap)
-        return (_received, (self.__wrapped__, sent))
+
+def _sent_bytes(holder: Any) -> bytes:
+    """The pickled snapshot of a wrapper, made once per wrapper."""
+    sent = holder._sent
+    if sent is None:
+        import pickle
+
+        sent = holder._sent = pickle.dumps(holder._snap)
+    return sent
+
+
+class _HasMethod:
+    def method(self) -> None:  # pragma: no cover - only its type is used
+        pass
+
+
+_METHOD_TYPE: Any = type(_HasMethod().method)
+_CODE_TYPE = type(_sent_bytes.__code__)
+_FUNCTION_TYPE: Any = type(_sent_bytes)
+_BUILTIN_TYPE: Any = type(len)
+# co_flags of functions whose call only creates a generator or coroutine.
+_CO_KINDS = 0x20 | 0x80 | 0x100 | 0x200  # GENERATOR, COROUTINE, ITERABLE_COROUTINE, ASYNC_GENERATOR
+
+
+def _opaque(fn: Any) -> bool:
+    """True where no wrapper can answer as ``fn`` does, so ``fn`` must travel unwrapped.
+
+    That is anything not callable (a coroutine object handed over by mistake: asyncio's
+    debug check must still see it) and callables whose kind libraries test: coroutine,
+    generator and async generator functions (``inspect.iscoroutinefunction`` and the like
+    look at the function's code flags, through methods and ``functools.partial``, and at
+    the markers ``inspect.markcoroutinefunction`` and asyncio's old decorator set). Their
+    call only creates the coroutine or generator, so the body never runs in the worker
+    anyway: nothing is lost by not carrying an origin.
+    """
+    kind = type(fn)
+    if kind is _FUNCTION_TYPE:  # the common case, kept short (every submit asks)
+        return bool(fn.__code__.co_flags & _CO_KINDS) or _marked(fn)
+    if kind is _BUILTIN_TYPE:
+        return False
+    try:
+        if not callable(fn):
+            return True
+        functools = sys.modules.get("functools")
+        partial = functools.partial if functools is not None else ()
+        f: Any = fn
+        for _ in range(100):  # methods and partials, as inspect unwraps them
+            if type(f) is _METHOD_TYPE:
+                f = f.__func__
+            elif isinstance(f, partial):
+                f = f.func
+            else:
+                break
+        if type(f) is _FUNCTION_TYPE:
+            return bool(f.__code__.co_flags & _CO_KINDS) or _marked(f)
+        if type(f) is _BUILTIN_TYPE:
+            return False
+        code = getattr(f, "__code__", None)  # function-like (Cython)
+        if type(code) is _CODE_TYPE and code.co_flags & _CO_KINDS:
+            return True
+        return (getattr(f, "_is_coroutine_marker", None) is not None
+                or getattr(fn, "_is_coroutine", None) is not None)
+    except Exception:
+        return True
+
+
+def _marked(function: Any) -> bool:
+    """Marked a coroutine function (``inspect.markcoroutinefunction``, asyncio's old
+    decorator): attributes in the function's ``__dict__``."""
+    attrs = function.__dict__
+    return bool(attrs) and (attrs.get("_is_coroutine_marker") is not None or attrs.get("_is_coroutine") is not None)
+
+
+def carry(fn: Any, snap: Snapshot) -> Any:
+    """``fn`` wrapped to run with ``snap`` as its origin, or ``fn`` itself where a wrapper
+    could not answer as it does (:func:`_opaque`). ``functools.partial(ctx.run, f, ...)``
+    (what ``asyncio.to_thread`` and trio hand over: ``f`` run in a copied context) gets
+    ``f`` wrapped inside the ``ctx.run``, so the origin is current where ``f`` runs."""
+    if type(fn) is _FUNCTION_TYPE:
+        return fn if fn.__code__.co_flags & _CO_KINDS or _marked(fn) else _WithOrigin(fn, snap)
+    functools = sys.modules.get("functools")
+    if functools is not None and type(fn) is functools.partial and fn.args and _is_context_run(fn.func):
+        inner = fn.args[0]
+        if _opaque(inner) or type(inner) is _WithOrigin:
+            return fn
+        return functools.partial(fn.func, _WithOrigin(inner, snap), *fn.args[1:], **fn.keywords)
+    if _opaque(fn):
+        return fn
+    return _WithOrigin(fn, snap)
+
+
+def has_origin(fn: Any) -> bool:
+    """Already carries an origin (a wrapper, or a ``partial(ctx.run, wrapper, ...)``)."""
+    if type(fn) is _WithOrigin:
+        return True
+    functools = sys.modules.get("functools")
+    return (functools is not None and type(fn) is functools.partial and bool(fn.args)
+            and type(fn.args[0]) is _WithOrigin)
+
+
+def _is_context_run(func: Any) -> bool:
+    """``ctx.run`` of some ``contextvars.Context``."""
+    return type(func) is _BUILTIN_TYPE and type(func.__self__) is Context and func.__name__ == "run"
+
+
+class _RunOf:
+    """An instance-level ``run`` for a ``multiprocessing`` process: calls its class's
+    ``run()`` (the target, or a subclass's own ``run()``) with ``snap`` as the current
+    origin, in the child. Travels with the process object (fork copies it, spawn and
+    forkserver pickle it, with a reference back to the process) and costs the parent
+    nothing after ``start()``, which takes it off again."""
+
+    __slots__ = ("_owner", "_snap", "_sent")
+
+    def __init__(self, owner: Any, snap: Snapshot) -> None:
+        self._owner = owner
+        self._snap = snap
+        self._sent: Optional[bytes] = None
+
+    def __call__(self) -> None:
+        owner, snap = self._owner, self._snap
+        token = CURRENT_ORIGIN.set(snap)
+        try:
+            type(owner).run(owner)
+        except Exception as exc:
+            _attach_if_absent(exc, snap)
+            _drop_own_entry(exc, sys._getframe())
+            raise
+        except BaseException as exc:
+            _drop_own_entry(exc, sys._getframe())
+            raise
+        finally:
+            try:
+                CURRENT_ORIGIN.reset(token)
+            except Exception:
+                pass
+
+    def __getattr__(self, name: str) -> Any:
+        # Answers as the bound run() it stands for.
+        if name.startswith("__") and name not in _FORWARDED and name != "__func__":
+            raise AttributeError(name)
+        return getattr(type(self._owner).run.__get__(self._owner), name)
+
+    def __reduce__(self) -> tuple:
+        return (_run_received, (self._owner, _sent_bytes(self)))
 
 
 #: Snapshots unpickled from _WithOrigin pickles, by their bytes: a pool's worker gets
@@ -101,7 +262,7 @@ _RECEIVED: dict = {}
 _RECEIVED_MAX = 64
 
 
-def _received(fn: Callable[..., Any], data: bytes) -> "_WithOrigin":
+def _received(fn: Callable[..., Any], data: bytes) -> _WithOrigin:
     """Unpickle a _WithOrigin: its snapshot travels pickled, once per distinct one."""
     snap = _RECEIVED.get(data)
     if snap is None:
@@ -114,6 +275,11 @@ def _received(fn: Callable[..., Any], data: bytes) -> "_WithOrigin":
             _RECEIVED.clear()
         _RECEIVED[data] = snap
     return _WithOrigin(fn, snap)
+
+
+def _run_received(owner: Any, data: bytes) -> _RunOf:
+    """Unpickle a _RunOf (``owner`` may still be half-built: it is only called later)."""
+    return _RunOf(owner, _received(len, data)._snap)
 
 
 def wrap(fn: Callable[..., _T]) -> Callable[..., _T]:

@@ -1,31 +1,46 @@
-"""Automatic propagation of origins: threads, executors, asyncio.
+"""Automatic propagation of origins: threads, executors, asyncio, multiprocessing, trio.
 
 ``install(propagate=...)`` names the points to patch (``PROPAGATION_POINTS``):
 
 - ``"threading"``: ``threading.Thread.start`` (so ``Timer`` too). The new thread runs
   with the starter's snapshot as its origin; an exception ending it carries the origin,
   so ``threading.excepthook`` prints it (as a PEP 678 note).
+- ``"start_new_thread"``: ``_thread.start_new_thread`` (and its alias ``start_new``). The
+  function runs with the starting line as its origin; its failure carries it to
+  ``sys.unraisablehook``, and where that is the default one on 3.11-3.14 (which does not
+  print notes) the report is printed with the note, as 3.15's default hook prints it.
 - ``"thread_pool"`` / ``"process_pool"``: ``ThreadPoolExecutor.submit`` /
   ``ProcessPoolExecutor.submit`` (``map`` goes through ``submit``). The exception that
   ``future.result()`` raises carries the submitting line; for process pools the origin
   travels to the child pickled and comes back on the pickled exception, and the parent
   attaches it again if the exception lost it on the way.
-- ``"asyncio_tasks"``: ``asyncio.BaseEventLoop.create_task``, through which
-  ``asyncio.create_task``, ``loop.create_task``, ``ensure_future``, ``gather`` and
-  ``TaskGroup`` create tasks. It sits in front of whatever task factory the loop has,
-  so user factories keep working (and their tasks inherit the origin) and every loop is
-  covered, including loops that existed before ``install()``.
-- ``"asyncio_executor"``: ``loop.run_in_executor`` and ``asyncio.to_thread``.
+- ``"asyncio_tasks"``: ``asyncio.BaseEventLoop.create_task`` (and ``uvloop.Loop``'s),
+  through which ``asyncio.create_task``, ``loop.create_task``, ``ensure_future``,
+  ``gather`` and ``TaskGroup`` create tasks. It sits in front of whatever task factory
+  the loop has, so user factories keep working (and their tasks inherit the origin) and
+  every loop is covered, including loops that existed before ``install()``. A task given
+  an explicit ``context=`` runs in that context untouched: its failure gets the origin
+  from a done callback, but code inside it does not see it as the current origin.
+- ``"asyncio_executor"``: ``loop.run_in_executor`` (``BaseEventLoop``'s and
+  ``uvloop.Loop``'s), any executor, and so ``asyncio.to_thread``.
 - ``"process"``: ``multiprocessing``'s ``Process.start`` (every start method). The
-  process's target runs with the starter's snapshot as its origin (it travels pickled
-  under spawn/forkserver), so the traceback the child prints when the target fails
-  carries a "Work created at" note. Processes that override ``run()`` instead of taking
-  a ``target``, and the worker processes of pools and managers, are left alone.
+  process's ``run()`` (its target, or a subclass's own ``run()``) runs with the starter's
+  snapshot as its origin (travelling pickled under spawn/forkserver), so the traceback
+  the child prints when it fails carries a "Work created at" note. The worker processes
+  of pools and managers are left alone.
 - ``"mp_pool"``: ``multiprocessing.pool.Pool``'s ``apply_async``, ``_map_async`` and
   ``imap``/``imap_unordered`` (so ``apply``, ``map``, ``starmap`` and their ``_async``
   forms, for process pools and ``ThreadPool``). Each job runs with the calling line as
   its origin; the exception ``get()`` raises carries it (pickled back with the
   exception, and attached again in the parent by an error callback if pickling lost it).
+- ``"trio"``: tasks started with ``nursery.start_soon``/``nursery.start`` (trio's
+  ``Runner.spawn_impl``: the task's own context gets the origin; the exception it exits
+  with gets it attached) and ``trio.to_thread.run_sync``. Patched only once the program
+  imports trio.
+
+The callable a library receives answers as the user's does (``_origin._WithOrigin``), and
+callables no wrapper can stand in for (coroutine and generator functions, non-callables)
+are passed on unwrapped (``_origin.carry``).
 
 Each replacement checks whether its point is still on and otherwise calls straight
 through, so a patch that somebody else wrapped after us is harmless after ``stop()``;
@@ -88,11 +103,11 @@ def start(options: dict) -> None:
         for name in PROPAGATION_POINTS:
             if name in points:
                 _ON.add(name)
-                trigger = _TRIGGERS[name]
-                if trigger in sys.modules:
-                    _APPLY[name]()
-                else:  # patch when the program imports it: install() stays cheap
-                    _PENDING.setdefault(trigger, []).append(name)
+                for trigger, apply in _APPLY[name]:
+                    if trigger in sys.modules:
+                        apply()
+                    else:  # patch when the program imports it: install() stays cheap
+                        _PENDING.setdefault(trigger, []).append((name, apply))
         if _PENDING and _HOOK not in sys.meta_path:
             sys.meta_path.insert(0, _HOOK)
     except BaseException:
@@ -112,10 +127,14 @@ def stop() -> None:
         owner, attr, original, replacement = _PATCHES.pop()
         try:
             if owner.__dict__.get(attr) is replacement:
-                setattr(owner, attr, original)
+                if (owner, attr) in _INHERITED:
+                    delattr(owner, attr)  # it was the base class's: show that one again
+                else:
+                    setattr(owner, attr, original)
             # else: somebody patched over us; our replacement now just calls through.
         except Exception:
             pass
+    _INHERITED.clear()
     _snapshot.set_chain_limit(_snapshot.DEFAULT_CHAIN_LIMIT)
 
 
@@ -124,8 +143,16 @@ def patched() -> list[tuple[Any, str, Any]]:
     return [(owner, attr, original) for owner, attr, original, _r in _PATCHES]
 
 
-def _patch(owner: Any, attr: str, make: Callable[[Any], Any]) -> None:
-    original = owner.__dict__[attr]
+#: (owner, attribute) patched on a class that only inherited it (uvloop.Loop).
+_INHERITED: set = set()
+
+
+def _patch(owner: Any, attr: str, make: Callable[[Any], Any], inherited: bool = False) -> None:
+    if inherited and attr not in owner.__dict__:
+        original = getattr(owner, attr)
+        _INHERITED.add((owner, attr))
+    else:
+        original = owner.__dict__[attr]
     replacement = make(original)
     try:
         functools.update_wrapper(replacement, original)
@@ -204,6 +231,13 @@ def _bind_thread(thread: threading.Thread) -> Optional[tuple]:
                 _unbind_thread(thread, bound)
                 thread = bound = run = None  # type: ignore[assignment]  # no cycle through this closure: the Thread is freed by refcount
 
+        try:  # answers as the bound run() it stands for
+            run_with_origin.__name__ = run.__name__
+            run_with_origin.__qualname__ = run.__qualname__
+            run_with_origin.__doc__ = run.__doc__
+            run_with_origin.__wrapped__ = run  # type: ignore[attr-defined]
+        except Exception:
+            pass
         bound = (run_with_origin, had, previous)
         thread.run = run_with_origin  # type: ignore[method-assign]
         return bound
@@ -224,13 +258,106 @@ def _unbind_thread(thread: threading.Thread, bound: tuple) -> None:
         pass
 
 
+# -- _thread.start_new_thread --------------------------------------------------------------------
+
+
+def _apply_start_new_thread() -> None:
+    import _thread
+
+    from ._origin import _opaque, has_origin
+
+    def make(original: Callable[..., Any]) -> Callable[..., Any]:
+        def start_new_thread(function: Any, args: Any, *kwargs: Any) -> Any:
+            if ("start_new_thread" not in _ON or has_origin(function) or _opaque(function)
+                    or _threading_bootstrap(function)):
+                return original(function, args, *kwargs)
+            snap = _take()
+            if snap is None:
+                return original(function, args, *kwargs)
+            return original(_ThreadStart(function, snap), args, *kwargs)
+
+        return start_new_thread
+
+    _patch(_thread, "start_new_thread", make)
+    if "start_new" in _thread.__dict__:  # the obsolete synonym (its own builtin)
+        _patch(_thread, "start_new", make)
+
+
+def _threading_bootstrap(function: Any) -> bool:
+    """``Thread.start`` on 3.11/3.12 (``threading._start_new_thread``, which is ours when
+    threading was imported after install()): the ``threading`` point's business."""
+    threading_mod = sys.modules.get("threading")
+    return threading_mod is not None and isinstance(getattr(function, "__self__", None), threading_mod.Thread)
+
+
+class _ThreadStart(_WithOrigin):
+    """A ``start_new_thread`` function with an origin. The thread machinery hands it to
+    ``sys.unraisablehook`` as the failed object, so its repr is the function's."""
+
+    __slots__ = ()
+
+    def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
+        snap = self._snap
+        token = CURRENT_ORIGIN.set(snap)
+        try:
+            return self.__wrapped__(*args, **kwargs)
+        except Exception as exc:
+            _attach_if_absent(exc, snap)
+            _drop_own_entry(exc, sys._getframe())
+            if _report_unraisable(exc, self):
+                return None
+            raise
+        except BaseException as exc:
+            _drop_own_entry(exc, sys._getframe())
+            raise
+        finally:
+            try:
+                CURRENT_ORIGIN.reset(token)
+            except Exception:
+                pass
+
+    def __repr__(self) -> str:
+        try:
+            return repr(self.__wrapped__)
+        except Exception:
+            return _WithOrigin.__repr__(self)
+
+
+def _report_unraisable(exc: BaseException, function: Any) -> bool:
+    """The default ``sys.unraisablehook`` of 3.11-3.14 prints no notes: print its report
+    ourselves, with the note (what 3.15's default hook prints). True if printed; any
+    other hook (yours, pytest's) gets the exception as usual, note attached."""
+    from . import _env
+
+    if _env.PYVERSION[:2] >= (3, 15) or sys.unraisablehook is not sys.__unraisablehook__:
+        return False
+    try:
+        import traceback
+
+        if _env.PYVERSION[:2] >= (3, 13):
+            head = f"Exception ignored in thread started by {function!r}:\n"
+        else:
+            head = f"Exception ignored in thread started by: {function!r}\n"
+        text = head + "".join(traceback.format_exception(exc))
+        stderr = sys.stderr
+        if stderr is None:
+            return True
+        stderr.write(text)
+        stderr.flush()
+        return True
+    except Exception:
+        return False
+
+
 # -- concurrent.futures ------------------------------------------------------------------------
 
 
 def _make_submit(point: str) -> Callable[[Any], Any]:
+    from ._origin import carry, has_origin
+
     def make(original: Callable[..., Any]) -> Callable[..., Any]:
         def submit(self: Any, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
-            if point not in _ON or type(fn) is _WithOrigin:
+            if point not in _ON or has_origin(fn):
                 return original(self, fn, *args, **kwargs)
             snap = _take()
             if snap is None:
@@ -242,8 +369,9 @@ def _make_submit(point: str) -> Callable[[Any], Any]:
                 future = original(self, fn, *args, **kwargs)
                 _attach_when_done(future, snap)
                 return future
-            future = original(self, _WithOrigin(fn, snap), *args, **kwargs)
-            if point == "process_pool":
+            carried = carry(fn, snap)
+            future = original(self, carried, *args, **kwargs)
+            if point == "process_pool" or carried is fn:  # fn unwrapped: a coroutine function...
                 _attach_when_done(future, snap)
             return future
 
@@ -297,7 +425,7 @@ def _attach_when_done(future: Any, snap: Any) -> None:
         pass
 
 
-# Each class is patched in the module that defines it (the trigger in _TRIGGERS), never
+# Each class is patched in the module that defines it (its trigger in _APPLY), never
 # through ``concurrent.futures``: on 3.15 that package's names are lazy imports (PEP 810)
 # that cannot be resolved while the defining module's own import finishes.
 def _apply_thread_pool() -> None:
@@ -314,8 +442,9 @@ def _apply_process_pool() -> None:
 
 # -- multiprocessing.Process ----------------------------------------------------------------------
 
-#: Targets that run many jobs (pool and manager processes): no single origin is theirs.
-_INTERNAL_TARGET_MODULES = ("multiprocessing.", "concurrent.futures.")
+#: Targets that run many jobs (pool and manager processes, trio's cached worker threads):
+#: no single origin is theirs.
+_INTERNAL_TARGET_MODULES = ("multiprocessing.", "concurrent.futures.", "trio._core._thread_cache")
 
 
 def _apply_process() -> None:
@@ -327,17 +456,14 @@ def _apply_process() -> None:
         def start(self: Any) -> None:
             if "process" not in _ON:
                 return original(self)
-            target = _wrap_process_target(self)
-            wrapper = self.__dict__.get("_target") if target is not None else None
+            run = _bind_process_run(self)
             try:
-                return original(self)  # fork copies, spawn pickles, the wrapped target
+                return original(self)  # fork copies, spawn and forkserver pickle, our run()
             finally:
-                # start() deletes _target on success (bpo-30775); put it back only if
-                # start() failed before that
-                if target is not None:
+                if run is not None:  # the parent's object is as it was
                     try:
-                        if self.__dict__.get("_target") is wrapper:
-                            self._target = target
+                        if self.__dict__.get("run") is run:
+                            del self.__dict__["run"]
                     except Exception:
                         pass
 
@@ -346,24 +472,32 @@ def _apply_process() -> None:
     _patch(mp_process.BaseProcess, "start", make)
 
 
-def _wrap_process_target(process: Any) -> Optional[Any]:
-    """Give ``process`` a target that runs the real one with an origin; the real one, or
-    None when left alone (no callable target, a subclass with its own ``run()``, a
-    pool's or manager's process, already wrapped)."""
+def _bind_process_run(process: Any) -> Optional[Any]:
+    """Give ``process`` an instance ``run`` that runs its class's ``run()`` (the target,
+    or the subclass's own) with the starter's snapshot as origin, in the child; return
+    it, or None when the process is left alone (a pool's or manager's process, a target
+    that already carries an origin, an instance-level ``run`` of the user's)."""
     try:
-        target = getattr(process, "_target", None)
-        if target is None or isinstance(target, _WithOrigin) or not callable(target):
+        from ._origin import _RunOf
+
+        if "run" in process.__dict__:
             return None
+        run = getattr(type(process), "run", None)
         base = sys.modules["multiprocessing.process"].BaseProcess
-        if getattr(type(process), "run", None) is not base.run:  # run() overridden: its business
-            return None
-        if str(getattr(target, "__module__", "") or "").startswith(_INTERNAL_TARGET_MODULES):
+        if run is base.run:
+            target = getattr(process, "_target", None)
+            if target is None or isinstance(target, _WithOrigin) or not callable(target):
+                return None
+            if str(getattr(target, "__module__", "") or "").startswith(_INTERNAL_TARGET_MODULES):
+                return None
+        elif str(getattr(run, "__module__", "") or "").startswith(_INTERNAL_TARGET_MODULES):
             return None
         snap = _take()
         if snap is None:
             return None
-        process._target = _WithOrigin(target, snap)
-        return target
+        bound = _RunOf(process, snap)
+        process.__dict__["run"] = bound
+        return bound
     except Exception:
         return None
 
@@ -373,6 +507,8 @@ def _wrap_process_target(process: Any) -> Optional[Any]:
 
 def _apply_mp_pool() -> None:
     import multiprocessing.pool as mp_pool
+
+    from ._origin import carry, has_origin
 
     Pool = mp_pool.Pool
 
@@ -394,12 +530,12 @@ def _apply_mp_pool() -> None:
     def make_apply_async(original: Callable[..., Any]) -> Callable[..., Any]:
         def apply_async(self: Any, func: Any, args: Any = (), kwds: Any = {},  # noqa: B006 (the original's default)
                         callback: Any = None, error_callback: Any = None) -> Any:
-            if "mp_pool" not in _ON or type(func) is _WithOrigin:
+            if "mp_pool" not in _ON or has_origin(func):
                 return original(self, func, args, kwds, callback, error_callback)
             snap = _take()
             if snap is None:
                 return original(self, func, args, kwds, callback, error_callback)
-            return original(self, _WithOrigin(func, snap), args, kwds, callback,
+            return original(self, carry(func, snap), args, kwds, callback,
                             with_error_callback(snap, error_callback))
 
         return apply_async
@@ -407,24 +543,24 @@ def _apply_mp_pool() -> None:
     def make_map_async(original: Callable[..., Any]) -> Callable[..., Any]:
         def _map_async(self: Any, func: Any, iterable: Any, mapper: Any, chunksize: Any = None,
                        callback: Any = None, error_callback: Any = None) -> Any:
-            if "mp_pool" not in _ON or type(func) is _WithOrigin:
+            if "mp_pool" not in _ON or has_origin(func):
                 return original(self, func, iterable, mapper, chunksize, callback, error_callback)
             snap = _take()
             if snap is None:
                 return original(self, func, iterable, mapper, chunksize, callback, error_callback)
-            return original(self, _WithOrigin(func, snap), iterable, mapper, chunksize, callback,
+            return original(self, carry(func, snap), iterable, mapper, chunksize, callback,
                             with_error_callback(snap, error_callback))
 
         return _map_async
 
     def make_imap(original: Callable[..., Any]) -> Callable[..., Any]:
         def imap(self: Any, func: Any, iterable: Any, chunksize: int = 1) -> Any:
-            if "mp_pool" not in _ON or type(func) is _WithOrigin:
+            if "mp_pool" not in _ON or has_origin(func):
                 return original(self, func, iterable, chunksize)
             snap = _take()
             if snap is None:
                 return original(self, func, iterable, chunksize)
-            return original(self, _WithOrigin(func, snap), iterable, chunksize)
+            return original(self, carry(func, snap), iterable, chunksize)
 
         return imap
 
@@ -434,41 +570,76 @@ def _apply_mp_pool() -> None:
     _patch(Pool, "imap_unordered", make_imap)
 
 
-# -- asyncio -------------------------------------------------------------------------------------
+# -- asyncio ------------------------------------------------------------------------------------
+
+
+def _make_create_task(original: Callable[..., Any]) -> Callable[..., Any]:
+    def create_task(self: Any, coro: Any, *args: Any, **kwargs: Any) -> Any:
+        if "asyncio_tasks" not in _ON:
+            return original(self, coro, *args, **kwargs)
+        if kwargs.get("context") is not None:
+            return _create_task_in_context(original, self, coro, args, kwargs)
+        snap = _take()
+        if snap is None:
+            return original(self, coro, *args, **kwargs)
+        token = CURRENT_ORIGIN.set(snap)  # the task copies the current context
+        try:
+            task = original(self, coro, *args, **kwargs)
+        finally:
+            CURRENT_ORIGIN.reset(token)
+        _when_task_done(task, snap)
+        return task
+
+    return create_task
+
+
+def _create_task_in_context(original: Callable[..., Any], loop: Any, coro: Any, args: tuple, kwargs: dict) -> Any:
+    """A task with an explicit context runs in that very Context object, which must not
+    gain our variable (the caller may share it or read it afterwards), so code inside
+    the task does not see the origin; its failure still gets it, from a done callback.
+    asyncio.run's (a Runner's) main task is left alone: its exception comes straight
+    out of asyncio.run(), under the line that called it."""
+    try:
+        if sys._getframe(2).f_globals.get("__name__") == "asyncio.runners":
+            return original(loop, coro, *args, **kwargs)
+    except Exception:
+        pass
+    snap = _take()
+    task = original(loop, coro, *args, **kwargs)
+    if snap is not None:
+        _when_task_done(task, snap)
+    return task
+
+
+def _when_task_done(task: Any, snap: Any) -> None:
+    try:
+        if task.done():
+            # An eager task (eager_task_factory, 3.12+) that finished inside
+            # create_task: a done callback would only be scheduled, and the
+            # creator may await the task before it runs.
+            _task_done(snap, task)
+        else:
+            task.add_done_callback(_TaskDone(snap))
+    except Exception:
+        pass
+
+
+class _TaskDone:
+    """The done callback of a task: ``_task_done(snap, task)``."""
+
+    __slots__ = ("_snap",)
+
+    def __init__(self, snap: Any) -> None:
+        self._snap = snap
+
+    def __call__(self, task: Any) -> None:
+        _task_done(self._snap, task)
 
 
 def _apply_asyncio_tasks() -> None:
     import asyncio.base_events
 
-    def make(original: Callable[..., Any]) -> Callable[..., Any]:
-        def create_task(self: Any, coro: Any, *args: Any, **kwargs: Any) -> Any:
-            # An explicit context (asyncio.run's main task, user code) is left alone:
-            # setting our variable in it would change the caller's context object.
-            if "asyncio_tasks" not in _ON or kwargs.get("context") is not None:
-                return original(self, coro, *args, **kwargs)
-            snap = _take()
-            if snap is None:
-                return original(self, coro, *args, **kwargs)
-            token = CURRENT_ORIGIN.set(snap)  # the task copies the current context
-            try:
-                task = original(self, coro, *args, **kwargs)
-            finally:
-                CURRENT_ORIGIN.reset(token)
-            try:
-                if task.done():
-                    # An eager task (eager_task_factory, 3.12+) that finished inside
-                    # create_task: a done callback would only be scheduled, and the
-                    # creator may await the task before it runs.
-                    _task_done(snap, task)
-                else:
-                    task.add_done_callback(functools.partial(_task_done, snap))
-            except Exception:
-                pass
-            return task
-
-        return create_task
-
-    _patch(asyncio.base_events.BaseEventLoop, "create_task", make)
+    _patch(asyncio.base_events.BaseEventLoop, "create_task", _make_create_task)
 
 
 def _task_done(snap: Any, task: Any) -> None:
@@ -489,78 +660,144 @@ def _task_done(snap: Any, task: Any) -> None:
         pass
 
 
+def _make_run_in_executor(original: Callable[..., Any]) -> Callable[..., Any]:
+    from ._origin import carry, has_origin
+
+    def run_in_executor(self: Any, executor: Any, func: Any, *args: Any) -> Any:
+        # Any executor: it receives a callable that answers as func does. Coroutine
+        # functions (and non-callables) reach the loop's own checks unwrapped, so
+        # asyncio's debug mode (uvloop: always) still refuses them with TypeError.
+        # asyncio.to_thread arrives here with partial(ctx.run, func): func is wrapped
+        # inside it (so `from asyncio import to_thread` before install() is covered too).
+        if "asyncio_executor" not in _ON or has_origin(func) or _crosses_interpreters(executor):
+            # (an InterpreterPoolExecutor needs func as it is: thread_pool's submit
+            # attaches its origin when the future fails)
+            return original(self, executor, func, *args)
+        snap = _take()
+        if snap is None:
+            return original(self, executor, func, *args)
+        return original(self, executor, carry(func, snap), *args)
+
+    return run_in_executor
+
+
 def _apply_asyncio_executor() -> None:
-    import asyncio
     import asyncio.base_events
-    import asyncio.threads
 
-    def make_rie(original: Callable[..., Any]) -> Callable[..., Any]:
-        def run_in_executor(self: Any, executor: Any, func: Any, *args: Any) -> Any:
-            if "asyncio_executor" not in _ON or _has_origin(func):
-                return original(self, executor, func, *args)
+    _patch(asyncio.base_events.BaseEventLoop, "run_in_executor", _make_run_in_executor)
+
+
+# uvloop's loop is compiled, but ``uvloop.Loop`` (what ``uvloop.new_event_loop()``,
+# ``uvloop.run()`` and its policy create) is a Python subclass of it: the same
+# replacements are set on that subclass, in front of the compiled methods.
+# Third-party modules are taken from sys.modules (their import is what triggered the
+# patch), never imported here: monstack has no dependencies.
+def _apply_uvloop_tasks() -> None:
+    uvloop = sys.modules["uvloop"]
+    _patch(uvloop.Loop, "create_task", _make_create_task, inherited=True)
+
+
+def _apply_uvloop_executor() -> None:
+    uvloop = sys.modules["uvloop"]
+    _patch(uvloop.Loop, "run_in_executor", _make_run_in_executor, inherited=True)
+
+
+# -- trio ------------------------------------------------------------------------------------------
+
+#: trio tasks spawned with an origin -> that origin (attached when the task fails).
+_TRIO_TASKS: Any = None
+
+
+def _apply_trio() -> None:
+    import weakref
+
+    from ._origin import carry, has_origin
+
+    trio_run = sys.modules["trio._core._run"]  # loaded by trio's own import, as is:
+    trio_threads = sys.modules["trio._threads"]
+
+    global _TRIO_TASKS
+    if _TRIO_TASKS is None:
+        _TRIO_TASKS = weakref.WeakKeyDictionary()
+    tasks = _TRIO_TASKS
+    Runner = trio_run.Runner
+
+    def make_spawn(original: Callable[..., Any]) -> Callable[..., Any]:
+        def spawn_impl(self: Any, async_fn: Any, args: Any, nursery: Any, *rest: Any, **kwargs: Any) -> Any:
+            # Not system tasks, not the main task (its exception comes out of trio.run();
+            # the init task spawns it, in a nursery of its own), not a task given its own
+            # context.
+            if ("trio" not in _ON or kwargs.get("system_task") or kwargs.get("context") is not None
+                    or nursery is None or getattr(nursery, "parent_task", None) is getattr(self, "init_task", None)):
+                return original(self, async_fn, args, nursery, *rest, **kwargs)
             snap = _take()
-            if snap is None:
-                return original(self, executor, func, *args)
-            return original(self, executor, _WithOrigin(func, snap), *args)
+            task = original(self, async_fn, args, nursery, *rest, **kwargs)
+            if snap is not None:
+                try:
+                    # the task's own context (a fresh copy): its code sees the origin
+                    task.context.run(CURRENT_ORIGIN.set, snap)
+                    tasks[task] = snap
+                except Exception:
+                    pass
+            return task
 
-        return run_in_executor
+        return spawn_impl
 
-    _patch(asyncio.base_events.BaseEventLoop, "run_in_executor", make_rie)
+    def make_exited(original: Callable[..., Any]) -> Callable[..., Any]:
+        def task_exited(self: Any, task: Any, outcome: Any, *rest: Any, **kwargs: Any) -> Any:
+            if tasks:
+                try:
+                    snap = tasks.pop(task, None)
+                    if snap is not None:
+                        exc = getattr(outcome, "error", None)
+                        if isinstance(exc, Exception):
+                            _attach_if_absent(exc, snap)
+                except Exception:
+                    pass
+            return original(self, task, outcome, *rest, **kwargs)
 
-    def make_to_thread(original: Callable[..., Any]) -> Callable[..., Any]:
-        async def to_thread(func: Any, /, *args: Any, **kwargs: Any) -> Any:
+        return task_exited
+
+    def make_run_sync(original: Callable[..., Any]) -> Callable[..., Any]:
+        async def run_sync(sync_fn: Any, *args: Any, **kwargs: Any) -> Any:
             # The body runs when awaited: the snapshot is the awaiting line.
-            if "asyncio_executor" in _ON and not _has_origin(func):
+            if "trio" in _ON and not has_origin(sync_fn):
                 snap = _take()
                 if snap is not None:
-                    func = _WithOrigin(func, snap)
-            return await original(func, *args, **kwargs)
+                    sync_fn = carry(sync_fn, snap)
+            return await original(sync_fn, *args, **kwargs)
 
-        return to_thread
+        return run_sync
 
-    _patch(asyncio.threads, "to_thread", make_to_thread)
-    # ``asyncio.to_thread`` is the same object re-exported by the package.
-    if asyncio.__dict__.get("to_thread") is _PATCHES[-1][2]:
-        replacement = _PATCHES[-1][3]
-        original = _PATCHES[-1][2]
-        asyncio.to_thread = replacement
-        _PATCHES.append((asyncio, "to_thread", original, replacement))
-
-
-def _has_origin(func: Any) -> bool:
-    """Already wrapped (directly, or as ``to_thread``'s ``partial(ctx.run, wrapped, ...)``)."""
-    if type(func) is _WithOrigin:
-        return True
-    if type(func) is functools.partial and func.args and type(func.args[0]) is _WithOrigin:
-        return True
-    return False
+    _patch(Runner, "spawn_impl", make_spawn)
+    _patch(Runner, "task_exited", make_exited)
+    _patch(trio_threads, "to_thread_run_sync", make_run_sync)
+    original, replacement = _PATCHES[-1][2], _PATCHES[-1][3]
+    to_thread = sys.modules.get("trio.to_thread")
+    if to_thread is not None and to_thread.__dict__.get("run_sync") is original:
+        setattr(to_thread, "run_sync", replacement)
+        _PATCHES.append((to_thread, "run_sync", original, replacement))
 
 
-_APPLY: dict[str, Callable[[], None]] = {
-    "threading": _apply_threading,
-    "thread_pool": _apply_thread_pool,
-    "process_pool": _apply_process_pool,
-    "asyncio_tasks": _apply_asyncio_tasks,
-    "asyncio_executor": _apply_asyncio_executor,
-    "process": _apply_process,
-    "mp_pool": _apply_mp_pool,
+#: Each point: (the module whose import makes it patchable, how to patch it there), for
+#: each part of it.
+_APPLY: dict[str, tuple[tuple[str, Callable[[], None]], ...]] = {
+    "threading": (("threading", _apply_threading),),
+    "start_new_thread": (("_thread", _apply_start_new_thread),),
+    "thread_pool": (("concurrent.futures.thread", _apply_thread_pool),),
+    "process_pool": (("concurrent.futures.process", _apply_process_pool),),
+    "asyncio_tasks": (("asyncio", _apply_asyncio_tasks), ("uvloop", _apply_uvloop_tasks)),
+    "asyncio_executor": (("asyncio", _apply_asyncio_executor), ("uvloop", _apply_uvloop_executor)),
+    "process": (("multiprocessing.process", _apply_process),),
+    "mp_pool": (("multiprocessing.pool", _apply_mp_pool),),
+    "trio": (("trio", _apply_trio),),
 }
 
 
 # -- patching modules when they are first imported ---------------------------------------------
 
-#: The module whose import makes each point patchable (the patched class lives there).
-_TRIGGERS: dict[str, str] = {
-    "threading": "threading",
-    "thread_pool": "concurrent.futures.thread",
-    "process_pool": "concurrent.futures.process",
-    "asyncio_tasks": "asyncio",
-    "asyncio_executor": "asyncio",
-    "process": "multiprocessing.process",
-    "mp_pool": "multiprocessing.pool",
-}
-#: Trigger module -> points waiting for it to be imported.
-_PENDING: dict[str, list[str]] = {}
+#: Trigger module -> (point, patch) waiting for it to be imported.
+_PENDING: dict[str, list[tuple[str, Callable[[], None]]]] = {}
 
 
 class _PostImportHook:
@@ -614,10 +851,10 @@ class _PatchingLoader:
         except Exception:
             pass
         self._loader.exec_module(module)
-        for name in _PENDING.pop(self._name, ()):
+        for name, apply in _PENDING.pop(self._name, ()):
             if name in _ON:
                 try:
-                    _APPLY[name]()
+                    apply()
                 except Exception as exc:  # never break the program's import; but say so
                     _patch_failed(name, exc)
         if not _PENDING:

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import importlib
 import io
 import os
 import sys
@@ -82,3 +83,18 @@ def chain_of(n: int) -> monstack.Snapshot:
         with monstack.origin(snap):
             snap = monstack.snapshot()
     return snap
+
+
+def integration_module(name: str):
+    """Import an integration dependency (pyproject's ``integration`` extra: trio, uvloop)
+    for a test module marked ``integration``. Where it cannot be imported the module is
+    skipped with the reason, except in CI (``CI=true``), where that is a failure: CI
+    installs the extra on every CPython (uvloop has wheels for 3.11-3.15 on Linux and
+    macOS; the extra leaves it out on Windows, where its tests skip even in CI)."""
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        reason = f"{name} cannot be imported here ({exc}); pip install -e '.[integration]'"
+        if os.environ.get("CI") == "true" and not (name == "uvloop" and sys.platform == "win32"):
+            pytest.fail(f"{reason}: CI requires it", pytrace=False)
+        pytest.skip(reason, allow_module_level=True)

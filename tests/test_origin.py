@@ -487,3 +487,75 @@ def test_demo_queue_case_by_hand():
     ops.put(None)
     t.join()
     assert innermost(origin_of(errors[0])) == (THIS_FILE, line_of("queued"))
+
+
+# -- wrappers answer as the callable does (issue 24) ----------------------------------------------
+
+
+def documented(a: int, b: int = 2) -> int:
+    """Adds two numbers."""
+    return a + b
+
+
+async def coroutine_function() -> None:
+    pass
+
+
+def generator_function():
+    yield 1
+
+
+async def async_generator_function():
+    yield 1
+
+
+class Holder:
+    async def method(self) -> None:
+        pass
+
+    def plain(self) -> int:
+        return 1
+
+
+def test_wrapper_answers_as_the_callable_does():
+    import inspect
+
+    w = wrap(documented)
+    for name in ("__name__", "__qualname__", "__module__", "__doc__", "__annotations__", "__defaults__"):
+        assert getattr(w, name) == getattr(documented, name), name
+    assert inspect.signature(w) == inspect.signature(documented)
+    assert inspect.getdoc(w) == "Adds two numbers."
+    assert not inspect.iscoroutinefunction(w) and not inspect.iscoroutinefunction(documented)
+    assert w(1) == 3
+    back = pickle.loads(pickle.dumps(w))
+    assert (back.__name__, back.__qualname__, back.__module__, back.__doc__) == (
+        "documented", "documented", __name__, "Adds two numbers.")
+    assert back._snap.records() == w._snap.records()
+    # The class itself is still an ordinary class.
+    assert _origin._WithOrigin.__name__ == "_WithOrigin"
+
+
+def test_callables_no_wrapper_can_stand_in_for_travel_unwrapped():
+    import contextvars
+    import functools
+    import inspect
+
+    snap = monstack.snapshot()
+    kinds = [coroutine_function, generator_function, async_generator_function, Holder().method,
+             functools.partial(coroutine_function), "not callable", coroutine_function()]
+    if hasattr(inspect, "markcoroutinefunction"):  # 3.12+
+        kinds.append(inspect.markcoroutinefunction(lambda: None))
+    try:
+        for fn in kinds:
+            assert _origin.carry(fn, snap) is fn, fn
+    finally:
+        kinds[6].close()
+    assert type(_origin.carry(documented, snap)) is _origin._WithOrigin
+    assert type(_origin.carry(Holder().plain, snap)) is _origin._WithOrigin
+    # partial(ctx.run, f): what asyncio.to_thread hands over; f gets the origin inside it
+    ctx = contextvars.copy_context()
+    inner = _origin.carry(functools.partial(ctx.run, documented, 1), snap)
+    assert inner.func == ctx.run and type(inner.args[0]) is _origin._WithOrigin and inner.args[1:] == (1,)
+    assert inner() == 3 and _origin.has_origin(inner)
+    coro_call = functools.partial(ctx.run, coroutine_function)
+    assert _origin.carry(coro_call, snap) is coro_call

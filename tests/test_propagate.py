@@ -378,7 +378,7 @@ def test_a_point_that_cannot_be_patched_at_import_says_so():
         "from monstack import _propagate\n"
         "def boom():\n"
         "    raise RuntimeError('no such attribute here')\n"
-        "_propagate._APPLY['process'] = boom\n"
+        "_propagate._APPLY['process'] = (('multiprocessing.process', boom),)\n"
         "monstack.install()\n"
         "import multiprocessing\n"
         "print('imported', _propagate.FAILED)\n"
@@ -390,7 +390,7 @@ def test_a_point_that_cannot_be_patched_at_import_says_so():
     assert "could not patch propagation point 'process'" in out.stderr
 
 
-def test_failed_process_start_gives_the_target_back(installed):
+def test_failed_process_start_leaves_the_process_as_it_was(installed):
     ctx = multiprocessing.get_context("spawn")
 
     def local_target() -> None:  # a local function cannot be pickled for spawn
@@ -399,21 +399,17 @@ def test_failed_process_start_gives_the_target_back(installed):
     p = ctx.Process(target=local_target)
     with pytest.raises(Exception):
         p.start()
-    assert p._target is local_target
+    assert p._target is local_target and "run" not in vars(p)
 
 
-def test_process_subclasses_with_their_own_run_and_odd_targets_are_left_alone(installed):
-    class OwnRun(multiprocessing.get_context("spawn").Process):
-        def run(self) -> None:
-            pass
-
-    proc = OwnRun(target=operator.truediv)
-    assert _propagate._wrap_process_target(proc) is None
-    assert proc._target is operator.truediv
+def test_processes_without_work_of_their_own_are_left_alone(installed):
     proc = multiprocessing.get_context("spawn").Process(target=None)
-    assert _propagate._wrap_process_target(proc) is None
+    assert _propagate._bind_process_run(proc) is None
     proc._target = "data, not a callable"
-    assert _propagate._wrap_process_target(proc) is None
+    assert _propagate._bind_process_run(proc) is None
+    proc = multiprocessing.get_context("spawn").Process(target=monstack.wrap(operator.truediv))
+    assert _propagate._bind_process_run(proc) is None  # carries its own origin
+    assert "run" not in vars(proc)
 
 
 def test_process_point_off_adds_nothing(capfd):
@@ -429,11 +425,11 @@ def test_pool_and_manager_processes_are_left_alone(installed):
 
     for target in (cfp._process_worker, mpool.worker):
         proc = multiprocessing.get_context("spawn").Process(target=target)
-        assert _propagate._wrap_process_target(proc) is None
-        assert proc._target is target
+        assert _propagate._bind_process_run(proc) is None
+        assert proc._target is target and "run" not in vars(proc)
     proc = multiprocessing.get_context("spawn").Process(target=operator.truediv)
-    assert _propagate._wrap_process_target(proc) is operator.truediv
-    assert isinstance(proc._target, _origin._WithOrigin)
+    assert isinstance(_propagate._bind_process_run(proc), _origin._RunOf)
+    assert proc._target is operator.truediv  # the target itself is never replaced
 
 
 def test_process_pool_parent_attaches_when_pickling_drops_it(installed, process_pool):
@@ -779,21 +775,28 @@ def test_endless_resubmission_chain_is_capped():
 
 
 def _targets() -> dict[str, list[tuple[Any, str]]]:
+    import _thread
     import asyncio.base_events
-    import asyncio.threads
     import multiprocessing.pool
     import multiprocessing.process
 
+    trio_targets: list[tuple[Any, str]] = []
+    try:  # the trio point's targets, where trio is installed (tests/test_trio.py uses it)
+        import trio._core._run
+        import trio._threads
+        import trio.to_thread
+    except ImportError:
+        pass
+    else:
+        trio_targets = [(trio._core._run.Runner, "spawn_impl"), (trio._core._run.Runner, "task_exited"),
+                        (trio._threads, "to_thread_run_sync"), (trio.to_thread, "run_sync")]
     return {
         "threading": [(threading.Thread, "start")],
+        "start_new_thread": [(_thread, "start_new_thread"), (_thread, "start_new")],
         "thread_pool": [(cf.ThreadPoolExecutor, "submit")],
         "process_pool": [(cf.ProcessPoolExecutor, "submit")],
         "asyncio_tasks": [(asyncio.base_events.BaseEventLoop, "create_task")],
-        "asyncio_executor": [
-            (asyncio.base_events.BaseEventLoop, "run_in_executor"),
-            (asyncio.threads, "to_thread"),
-            (asyncio, "to_thread"),
-        ],
+        "asyncio_executor": [(asyncio.base_events.BaseEventLoop, "run_in_executor")],
         "process": [(multiprocessing.process.BaseProcess, "start")],
         "mp_pool": [
             (multiprocessing.pool.Pool, "apply_async"),
@@ -801,6 +804,7 @@ def _targets() -> dict[str, list[tuple[Any, str]]]:
             (multiprocessing.pool.Pool, "imap"),
             (multiprocessing.pool.Pool, "imap_unordered"),
         ],
+        "trio": trio_targets,
     }
 
 
@@ -905,9 +909,9 @@ def test_snapshot_failure_never_breaks_the_host(installed, monkeypatch):
 
 def test_partial_with_origin_is_not_wrapped_twice():
     wrapped = _origin._WithOrigin(len, monstack.snapshot())
-    assert _propagate._has_origin(wrapped)
-    assert _propagate._has_origin(functools.partial(object.__call__, wrapped))
-    assert not _propagate._has_origin(len)
+    assert _origin.has_origin(wrapped)
+    assert _origin.has_origin(functools.partial(object.__call__, wrapped))
+    assert not _origin.has_origin(len)
 
 
 def test_install_does_not_import_asyncio_or_process_pools_but_patches_them_on_import():
@@ -924,7 +928,7 @@ def test_install_does_not_import_asyncio_or_process_pools_but_patches_them_on_im
         from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
         from monstack import _propagate
         names = sorted(a for _o, a, _x in _propagate.patched())
-        assert names.count("submit") == 2 and "create_task" in names and "to_thread" in names, names
+        assert names.count("submit") == 2 and "create_task" in names and "run_in_executor" in names, names
         assert "multiprocessing.pool" not in sys.modules
         import multiprocessing.pool
         names = sorted(a for _o, a, _x in _propagate.patched())
@@ -949,3 +953,355 @@ def test_install_does_not_import_asyncio_or_process_pools_but_patches_them_on_im
     assert out.returncode == 0, out.stderr
     created = [i for i, line in enumerate(code.splitlines(), 1) if "@created" in line][0]
     assert out.stdout.strip() == str(created)
+
+
+# -- issue 24: what libraries see is what the user gave them --------------------------------------
+
+
+def documented_job(x: int = 1) -> int:
+    """A documented job."""
+    return x
+
+
+async def coroutine_job() -> int:
+    return 1
+
+
+def _answers_like(seen: Any, fn: Any) -> None:
+    assert seen is fn or type(seen) is _origin._WithOrigin, seen
+    for name in ("__name__", "__qualname__", "__module__", "__doc__"):
+        assert getattr(seen, name) == getattr(fn, name), name
+    assert inspect.signature(seen) == inspect.signature(fn)
+    assert inspect.iscoroutinefunction(seen) == inspect.iscoroutinefunction(fn)
+
+
+@pytest.fixture
+def work_items(monkeypatch):
+    """The callables ThreadPoolExecutor and ProcessPoolExecutor queue (their _WorkItem.fn)."""
+    import concurrent.futures.process as cf_process
+    import concurrent.futures.thread as cf_thread
+
+    seen: list = []
+    for module in (cf_thread, cf_process):
+        original = module._WorkItem
+
+        class Recording(original):  # type: ignore[misc, valid-type]
+            def __init__(self, future, fn, *rest, _original=original):
+                seen.append(fn[0] if type(fn) is tuple else fn)  # 3.14+: (fn, args, kwargs)
+                _original.__init__(self, future, fn, *rest)
+
+        monkeypatch.setattr(module, "_WorkItem", Recording)
+    return seen
+
+
+def test_threading_target_is_untouched_and_run_answers(installed):
+    seen = {}
+
+    def target():
+        me = threading.current_thread()
+        seen["target"], seen["run"] = me._target, me.run
+
+    t = threading.Thread(target=target)
+    t.start()
+    t.join()
+    assert seen["target"] is target
+    run = seen["run"]
+    assert (run.__name__, run.__qualname__, run.__doc__) == ("run", "Thread.run", threading.Thread.run.__doc__)
+    assert run.__wrapped__.__func__ is threading.Thread.run
+
+
+def test_thread_pool_queues_a_callable_that_answers_like_the_job(installed, work_items):
+    with cf.ThreadPoolExecutor(1) as pool:
+        assert pool.submit(documented_job, 5).result() == 5
+        coro = pool.submit(coroutine_job).result()  # nothing runs it: as without monstack
+    coro.close()
+    job, coro_job = work_items
+    _answers_like(job, documented_job)
+    assert coro_job is coroutine_job  # a coroutine function travels unwrapped
+
+
+def test_process_pool_pickles_a_callable_that_answers_like_the_job(installed, work_items, process_pool):
+    import pickle
+
+    assert process_pool.submit(documented_job, 7).result() == 7  # @proc-answers
+    (job,) = work_items
+    _answers_like(job, documented_job)
+    back = pickle.loads(pickle.dumps(job))
+    _answers_like(back, documented_job)
+    assert_created_at(back._snap, "proc-answers")
+
+
+def test_mp_pool_pickles_a_callable_that_answers_like_the_job(installed, mp_process_pool, monkeypatch):
+    import multiprocessing.pool as mpool
+
+    seen: list = []
+    original = mpool.Pool._get_tasks
+
+    def recording(func, it, size):
+        seen.append(func)
+        return original(func, it, size)
+
+    monkeypatch.setattr(mpool.Pool, "_get_tasks", staticmethod(recording))
+    assert mp_process_pool.map(documented_job, [3]) == [3]
+    _answers_like(seen[0], documented_job)
+
+
+def test_asyncio_task_gets_the_users_coroutine_and_name(installed):
+    async def main():
+        coro = report_origin()
+        task = asyncio.get_running_loop().create_task(coro, name="mine")
+        await task
+        return task.get_coro() is coro, task.get_name()
+
+    assert asyncio.run(main()) == (True, "mine")
+
+
+def test_asyncio_debug_mode_still_refuses_coroutines_in_run_in_executor(installed):
+    """Found by CPython's test_asyncio under MONSTACK=1: the wrapper hid the coroutine
+    function from asyncio's debug check."""
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        with pytest.raises(TypeError, match="coroutines cannot be used with run_in_executor"):
+            await loop.run_in_executor(None, coroutine_job)
+        coro = coroutine_job()
+        try:
+            with pytest.raises(TypeError, match="coroutines cannot be used with run_in_executor"):
+                await loop.run_in_executor(None, coro)
+        finally:
+            coro.close()
+        return await loop.run_in_executor(None, documented_job)
+
+    assert asyncio.run(main(), debug=True) == 1
+
+
+class InlineThreadExecutor(cf.Executor):
+    """A custom executor (not a ThreadPoolExecutor): one new thread per job."""
+
+    def __init__(self) -> None:
+        self.received: list = []
+
+    def submit(self, fn, /, *args, **kwargs):
+        self.received.append(fn)
+        future: cf.Future = cf.Future()
+
+        def run():
+            try:
+                future.set_result(fn(*args, **kwargs))
+            except BaseException as exc:
+                future.set_exception(exc)
+
+        threading.Thread(target=run).start()
+        return future
+
+
+def test_asyncio_run_in_executor_with_a_custom_executor(installed):
+    executor = InlineThreadExecutor()
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        inside = await loop.run_in_executor(executor, current_origin)  # @rie-custom
+        try:
+            await loop.run_in_executor(executor, fail)  # @rie-custom-fail
+        except Boom as exc:
+            return inside, exc
+
+    inside, exc = asyncio.run(main())
+    assert_created_at(inside, "rie-custom")
+    assert_created_at(origin_of(exc), "rie-custom-fail")
+    _answers_like(executor.received[1], fail)
+
+
+def test_asyncio_to_thread_bound_before_install_carries_the_origin():
+    """asyncio.to_thread itself is no longer patched: run_in_executor wraps the function
+    inside to_thread's partial(ctx.run, ...), so any reference to it works."""
+    to_thread = asyncio.to_thread  # as `from asyncio import to_thread` before install()
+    monstack.install()
+
+    async def main():
+        inside = await to_thread(current_origin)  # @to-thread-early
+        snap = await to_thread(monstack.snapshot)  # @to-thread-early-2
+        return inside, snap
+
+    inside, snap = asyncio.run(main())
+    assert_created_at(inside, "to-thread-early")
+    assert_created_at(snap.origin, "to-thread-early-2")
+
+
+# -- issue 24: _thread.start_new_thread -----------------------------------------------------------
+
+
+def test_start_new_thread_carries_origin(installed, monkeypatch):
+    import _thread
+
+    caught: list = []
+    done = threading.Event()
+    monkeypatch.setattr(sys, "unraisablehook", lambda u: (caught.append(u), done.set()))
+    seen = {}
+
+    def job(x, y=0):
+        seen["origin"] = current_origin()
+        raise Boom(x + y)
+
+    _thread.start_new_thread(job, (1,), {"y": 2})  # @start-new-thread
+    assert done.wait(30)
+    assert_created_at(seen["origin"], "start-new-thread")
+    (u,) = caught
+    assert u.exc_value.args == (3,)
+    assert_created_at(origin_of(u.exc_value), "start-new-thread")
+    if u.object is not None:  # 3.11/3.12: the function is the hook's object; it answers as job
+        assert repr(u.object) == repr(job) and u.object.__name__ == "job"
+    else:  # 3.13+: its repr is in the message
+        assert u.err_msg == f"Exception ignored in thread started by {job!r}"
+    _assert_no_monstack_frames(u.exc_value, "job")
+
+
+def test_start_new_thread_default_hook_prints_the_origin():
+    """3.11-3.14's default unraisablehook prints no notes: the report is printed with it
+    (3.15's hook prints notes itself). Run in a child: pytest has a hook of its own."""
+    import subprocess
+
+    program = (
+        "import _thread, time, monstack\n"
+        "monstack.install()\n"
+        "def job():\n"
+        "    raise ValueError('in the thread')\n"
+        "_thread.start_new_thread(job, ())\n"
+        "time.sleep(1)\n"
+        "print('main goes on')\n"
+    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    out = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0 and out.stdout == "main goes on\n", out
+    err = out.stderr
+    assert "Exception ignored in thread started by" in err and "<function job at " in err
+    assert "ValueError: in the thread" in err
+    assert 'Work created at (most recent call last):\n  File "<string>", line 5, in <module>' in err
+    assert "monstack" not in err.split("Work created at")[0].replace("import _thread, time, monstack", "")
+
+
+def test_threading_still_starts_threads_once_through_start_new_thread(installed, thread_errors):
+    """3.11/3.12's Thread.start goes through _thread.start_new_thread: one origin, the
+    threading point's."""
+    t = threading.Thread(target=fail)
+    t.start()  # @thread-once
+    t.join()
+    snap = origin_of(thread_errors[0])
+    assert_created_at(snap, "thread-once")
+    assert snap.origin is None
+
+
+# -- issue 24: multiprocessing.Process subclasses with their own run() ------------------------------
+
+
+_PROCESS_PROGRAM = """\
+import multiprocessing, sys, monstack
+
+class Worker(multiprocessing.Process):
+    def run(self):
+        print("child origin:", monstack.current_origin() is not None, flush=True)
+        raise ValueError("failed in run()")
+
+if __name__ == "__main__":
+    monstack.install()
+    multiprocessing.set_start_method(sys.argv[1])
+    p = Worker()
+    p.start()  # @child-start
+    p.join()
+    print("exitcode", p.exitcode, "run" in vars(p))
+"""
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
+def test_process_subclass_with_its_own_run_carries_origin(tmp_path, method):
+    import subprocess
+
+    if method not in multiprocessing.get_all_start_methods():
+        pytest.skip(f"no {method} start method here")
+    script = tmp_path / "subclass_run.py"
+    script.write_text(_PROCESS_PROGRAM)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    out = subprocess.run([sys.executable, str(script), method], capture_output=True, text=True,
+                         env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "child origin: True" in out.stdout and "exitcode 1 False" in out.stdout, out
+    start_line = [i for i, line in enumerate(_PROCESS_PROGRAM.splitlines(), 1) if "@child-start" in line][0]
+    err = out.stderr
+    assert "ValueError: failed in run()" in err
+    assert f'Work created at (most recent call last):\n  File "{script}", line {start_line}, in <module>' in err
+    assert "monstack" not in err.split("Work created at")[0]
+
+
+# -- issue 24: asyncio tasks with their own context, TaskGroup ------------------------------------
+
+
+def test_asyncio_explicit_context_is_not_changed_but_the_failure_has_the_origin(installed):
+    import contextvars
+
+    async def main():
+        ctx = contextvars.copy_context()
+        loop = asyncio.get_running_loop()
+        inside = await loop.create_task(report_origin(), context=ctx)
+        task = loop.create_task(afail(), context=ctx)  # @context-task
+        try:
+            await task
+        except Boom as exc:
+            return inside, exc, ctx
+
+    inside, exc, ctx = asyncio.run(main())
+    assert inside is None  # the task ran in ctx, which never gained our variable
+    assert _snapshot.CURRENT_ORIGIN not in ctx
+    assert_created_at(origin_of(exc), "context-task")
+
+
+def test_asyncio_run_main_task_gets_no_note(installed):
+    async def main():
+        raise Boom("in main")
+
+    with pytest.raises(Boom) as info:
+        asyncio.run(main())
+    assert origin_of(info.value) is None and not getattr(info.value, "__notes__", None)
+
+
+def test_asyncio_taskgroup_with_context(installed):
+    import contextvars
+
+    async def main():
+        ctx = contextvars.copy_context()
+        try:
+            async with asyncio.TaskGroup() as tg:
+                tg.create_task(afail(), context=ctx)  # @taskgroup-context
+        except ExceptionGroup as group:
+            return group.exceptions, ctx
+
+    (exc,), ctx = asyncio.run(main())
+    assert_created_at(origin_of(exc), "taskgroup-context")
+    assert _snapshot.CURRENT_ORIGIN not in ctx
+
+
+def test_asyncio_run_in_executor_with_a_process_pool(installed, process_pool):
+    async def main():
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(process_pool, operator.truediv, 1, 0)  # @rie-process
+        except ZeroDivisionError as exc:
+            return exc
+
+    assert_created_at(origin_of(asyncio.run(main())), "rie-process")
+
+
+@needs_interpreter_pool
+def test_asyncio_run_in_executor_with_an_interpreter_pool(installed):
+    def boom(x):
+        raise ValueError(x)
+
+    async def main():
+        with cf.InterpreterPoolExecutor(1) as pool:
+            loop = asyncio.get_running_loop()
+            assert await loop.run_in_executor(pool, operator.add, 1, 2) == 3
+            try:
+                await loop.run_in_executor(pool, boom, 5)  # @rie-interp
+            except ValueError as exc:
+                return exc
+
+    assert_created_at(origin_of(asyncio.run(main())), "rie-interp")
