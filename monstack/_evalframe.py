@@ -573,7 +573,7 @@ class EvalFrameBackend:
 
     def _start_snapshots(self, nat: _Native) -> None:
         """Offer the native snapshot paths, if ``Snapshot``'s layout is the one the shim
-        builds (as ``_accel.snapshot_new`` checks it for the 3.12/3.13 callbacks)."""
+        builds (as ``_accel.snapshot_new`` checks it for the 3.12-3.15 callbacks)."""
         from . import _snapshot
 
         cls = _snapshot.Snapshot

@@ -205,7 +205,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "MONSTACK_ACCELERATOR", "accelerator", _parse_accelerator,
         "auto, 1/true/yes/on, 0/false/no/off", "auto",
-        "Native sys.monitoring callbacks on CPython 3.12/3.13 (auto: where they can run).",
+        "Native sys.monitoring callbacks on CPython 3.12-3.15 (auto: where they can run).",
         "--accelerator",
     ),
     Setting(
