@@ -33,6 +33,11 @@
   forms, for process pools and ``ThreadPool``). Each job runs with the calling line as
   its origin; the exception ``get()`` raises carries it (pickled back with the
   exception, and attached again in the parent by an error callback if pickling lost it).
+- ``"dask"``: ``distributed.Client.submit`` and ``Client.map`` (clients made inside
+  tasks too): the task runs on the worker under the submitting line, whose failure note
+  travels back with the exception; the client attaches it again to exceptions that
+  arrive without it (a dead worker's ``KilledWorker``, errors Dask replaced). Patched
+  only once the program imports ``distributed``; the code is in ``_dask``.
 - ``"trio"``: tasks started with ``nursery.start_soon``/``nursery.start`` (trio's
   ``Runner.spawn_impl``: the task's own context gets the origin; the exception it exits
   with gets it attached) and ``trio.to_thread.run_sync``. Patched only once the program
@@ -135,6 +140,9 @@ def stop() -> None:
         except Exception:
             pass
     _INHERITED.clear()
+    dask_mod = sys.modules.get(f"{__package__}._dask")
+    if dask_mod is not None:
+        dask_mod.forget()
     _snapshot.set_chain_limit(_snapshot.DEFAULT_CHAIN_LIMIT)
 
 
@@ -779,6 +787,22 @@ def _apply_trio() -> None:
         _PATCHES.append((to_thread, "run_sync", original, replacement))
 
 
+# -- dask (the code lives in _dask; imported only when distributed is) -----------------------------
+
+
+def _apply_dask() -> None:
+    from . import _dask
+
+    client_mod = sys.modules["distributed.client"]
+    try:
+        _dask.recognise(client_mod)
+    except Exception as exc:  # a distributed this patch does not know: say so, run on
+        _patch_failed("dask", exc)
+        return
+    for owner, attr, make in _dask.make_patches(client_mod, lambda: "dask" in _ON, _take):
+        _patch(owner, attr, make)
+
+
 #: Each point: (the module whose import makes it patchable, how to patch it there), for
 #: each part of it.
 _APPLY: dict[str, tuple[tuple[str, Callable[[], None]], ...]] = {
@@ -791,6 +815,7 @@ _APPLY: dict[str, tuple[tuple[str, Callable[[], None]], ...]] = {
     "process": (("multiprocessing.process", _apply_process),),
     "mp_pool": (("multiprocessing.pool", _apply_mp_pool),),
     "trio": (("trio", _apply_trio),),
+    "dask": (("distributed.client", _apply_dask),),
 }
 
 

@@ -790,6 +790,14 @@ def _targets() -> dict[str, list[tuple[Any, str]]]:
     else:
         trio_targets = [(trio._core._run.Runner, "spawn_impl"), (trio._core._run.Runner, "task_exited"),
                         (trio._threads, "to_thread_run_sync"), (trio.to_thread, "run_sync")]
+    dask_targets: list[tuple[Any, str]] = []
+    try:  # the dask point's targets, where distributed is installed (tests/test_dask.py uses it)
+        import distributed.client
+    except ImportError:
+        pass
+    else:
+        dask_targets = [(distributed.client.Client, a) for a in ("submit", "map", "_release_key")]
+        dask_targets.append((distributed.client.FutureState, "set_error"))
     return {
         "threading": [(threading.Thread, "start")],
         "start_new_thread": [(_thread, "start_new_thread"), (_thread, "start_new")],
@@ -805,6 +813,7 @@ def _targets() -> dict[str, list[tuple[Any, str]]]:
             (multiprocessing.pool.Pool, "imap_unordered"),
         ],
         "trio": trio_targets,
+        "dask": dask_targets,
     }
 
 
