@@ -9,8 +9,8 @@ here: the engine's modules are taken from ``sys.modules``). What it does:
   function does: its ``__name__`` is Dask's ``funcname`` of the function and its
   ``__dask_tokenize__`` is the function's own token. Keys, and so ``pure=`` sharing, do
   not change (two identical pure submits share one future: the first one's origin).
-- The wrapper travels pickled (the snapshot in its portable form, source lines included)
-  to the scheduler and the worker, where it runs the function with the snapshot as the
+- The wrapper travels pickled (the snapshot in its portable form, source lines included,
+  unpickled once per distinct snapshot) to the scheduler and the worker, where it runs the function with the snapshot as the
   current origin and attaches it (the "Work created at" note) to a failure before the
   worker serialises the exception: ``future.result()`` raises it with the note.
 - The process keeps each live key's snapshot (dropped when a client releases the key)
@@ -26,7 +26,8 @@ import inspect
 import sys
 from typing import Any, Callable
 
-from ._origin import _attach_if_absent, _opaque, _WithOrigin
+from ._origin import _attach_if_absent, _opaque, _sent_bytes, _WithOrigin
+from ._origin import _received as _origin_received
 
 #: Live keys' snapshots (key -> snapshot), for every client of this process: keys name
 #: tasks cluster-wide, and one key is one task. Dropped when a client releases the key;
@@ -78,8 +79,9 @@ def recognise(client_mod: Any) -> None:
 
 
 class _Submitted(_WithOrigin):
-    """The user's function with the submitting snapshot, as Dask sees it on the client:
-    named and tokenized as the function itself. Pickles as a plain ``_WithOrigin``."""
+    """The user's function with the submitting snapshot, as Dask sees it: named and
+    tokenized as the function itself, on the client and wherever it is unpickled (the
+    scheduler, the workers), so no token Dask takes of it differs from the function's."""
 
     __slots__ = ("_name",)
 
@@ -93,7 +95,28 @@ class _Submitted(_WithOrigin):
         return _WithOrigin.__getattr__(self, name)
 
     def __dask_tokenize__(self) -> Any:
-        return _DASK["normalize_token"](self.__wrapped__)
+        return _normalize_token()(self.__wrapped__)
+
+    def __reduce__(self) -> tuple:
+        return (_received, (self.__wrapped__, _sent_bytes(self), self._name))
+
+
+def _normalize_token() -> Callable[[Any], Any]:
+    """Dask's ``normalize_token`` (also where the point is not installed: a worker
+    without MONSTACK=1 that unpickled a task)."""
+    normalize = _DASK.get("normalize_token")
+    if normalize is None:
+        module = sys.modules.get("dask.tokenize") or sys.modules.get("dask.base")
+        normalize = _DASK["normalize_token"] = module.normalize_token  # type: ignore[union-attr]
+    return normalize
+
+
+def _received(fn: Callable[..., Any], data: bytes, name: str) -> _Submitted:
+    """Unpickle a _Submitted: the snapshot unpickled once per distinct one (as pools')."""
+    snap = _origin_received(fn, data)._snap
+    received = _Submitted(fn, snap, name)
+    received._sent = data
+    return received
 
 
 def _carried(fn: Any, snap: Any) -> Any:

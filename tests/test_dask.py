@@ -61,16 +61,32 @@ def test_coroutine_functions_and_wrapped_functions_travel_as_they_are(installed)
     assert _dask._carried(w, snap) is w
 
 
-def test_the_wrapper_pickles_to_a_plain_origin_carrier(installed):
+def test_the_wrapper_pickles_as_itself_and_keeps_its_token(installed):
     import pickle
 
-    from monstack._origin import _WithOrigin
+    from dask.base import tokenize
+    from dask.utils import funcname
 
-    wrapped = _dask._carried(tasks.inc, monstack.snapshot())  # @pickled
+    fn = functools.partial(operator.add, 1)
+    wrapped = _dask._carried(fn, monstack.snapshot())  # @pickled
     back = pickle.loads(pickle.dumps(wrapped))
-    assert type(back) is _WithOrigin and back(1) == 2
+    assert type(back) is _dask._Submitted and back(1) == 2
     assert back._snap.records()[-1][:2] == (THIS, line_of("pickled"))
+    assert funcname(back) == funcname(fn) and tokenize(back) == tokenize(fn)
     assert back._sent == wrapped._sent  # passed on (scheduler -> worker) as it came
+    again = pickle.loads(pickle.dumps(back))
+    assert again._snap is back._snap  # each distinct snapshot is unpickled once
+
+
+def test_a_received_task_tokenizes_where_the_point_is_not_installed(installed):
+    import pickle
+
+    from dask.base import tokenize
+
+    data = pickle.dumps(_dask._carried(tasks.inc, monstack.snapshot()))
+    monstack.uninstall()
+    _dask._DASK.clear()  # a worker that never patched: normalize_token is looked up
+    assert tokenize(pickle.loads(data)) == tokenize(tasks.inc)
 
 
 def test_an_unrecognised_distributed_is_reported_and_left_alone(monkeypatch):
