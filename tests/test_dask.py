@@ -119,6 +119,34 @@ def test_install_patches_and_uninstall_restores_the_dask_point():
     assert all(t[0].__dict__[t[1]] is o for t, o in originals.items())
 
 
+def test_install_imports_no_engine_and_patches_distributed_when_the_program_imports_it():
+    import subprocess
+    import textwrap
+
+    code = textwrap.dedent(
+        """
+        import sys, monstack
+        monstack.install()
+        engine = {"dask", "distributed", "monstack._dask"} & set(sys.modules)
+        assert not engine, sorted(engine)
+        import distributed
+        from monstack import _propagate
+        names = sorted((o.__name__, a) for o, a, _x in _propagate.patched()
+                       if getattr(o, "__module__", None) == "distributed.client")
+        assert names == [("Client", "_release_key"), ("Client", "map"), ("Client", "submit"),
+                         ("FutureState", "set_error")], names
+        assert "dask" not in _propagate.FAILED
+        monstack.uninstall()
+        assert not _propagate.patched()
+        print("ok")
+        """
+    )
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env.pop("MONSTACK", None)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
 # -- a real cluster ---------------------------------------------------------------------------------
 
 
