@@ -33,6 +33,10 @@
   forms, for process pools and ``ThreadPool``). Each job runs with the calling line as
   its origin; the exception ``get()`` raises carries it (pickled back with the
   exception, and attached again in the parent by an error callback if pickling lost it).
+- ``"celery"``: Celery tasks (``delay``, ``apply_async``, canvas, eager ``apply``) run
+  under the publishing line and fail with it, on the worker and in ``AsyncResult.get()``;
+  the snapshot travels in the message's headers. Patched only once the program imports
+  Celery (see ``monstack._celery``).
 - ``"trio"``: tasks started with ``nursery.start_soon``/``nursery.start`` (trio's
   ``Runner.spawn_impl``: the task's own context gets the origin; the exception it exits
   with gets it attached) and ``trio.to_thread.run_sync``. Patched only once the program
@@ -105,7 +109,13 @@ def start(options: dict) -> None:
                 _ON.add(name)
                 for trigger, apply in _APPLY[name]:
                     if trigger in sys.modules:
-                        apply()
+                        if name in _REPORTED:  # a third-party engine: never fail install()
+                            try:
+                                apply()
+                            except Exception as exc:
+                                _patch_failed(name, exc)
+                        else:
+                            apply()
                     else:  # patch when the program imports it: install() stays cheap
                         _PENDING.setdefault(trigger, []).append((name, apply))
         if _PENDING and _HOOK not in sys.meta_path:
@@ -779,6 +789,31 @@ def _apply_trio() -> None:
         _PATCHES.append((to_thread, "run_sync", original, replacement))
 
 
+# -- celery (monstack._celery: imported once the program imports Celery) -----------------------
+
+
+def _apply_celery_signals() -> None:
+    from . import _celery
+
+    _celery.apply_signals(_ON, _take)
+
+
+def _apply_celery_trace() -> None:
+    from . import _celery
+
+    _celery.apply_trace(_patch, _ON)
+
+
+def _apply_celery_result() -> None:
+    from . import _celery
+
+    _celery.apply_result(_patch, _ON)
+
+
+#: Points whose patch failing at install() time is reported (``_patch_failed``) rather
+#: than raised: engines whose internals may change under us.
+_REPORTED = frozenset(("celery",))
+
 #: Each point: (the module whose import makes it patchable, how to patch it there), for
 #: each part of it.
 _APPLY: dict[str, tuple[tuple[str, Callable[[], None]], ...]] = {
@@ -791,6 +826,8 @@ _APPLY: dict[str, tuple[tuple[str, Callable[[], None]], ...]] = {
     "process": (("multiprocessing.process", _apply_process),),
     "mp_pool": (("multiprocessing.pool", _apply_mp_pool),),
     "trio": (("trio", _apply_trio),),
+    "celery": (("celery.signals", _apply_celery_signals), ("celery.app.trace", _apply_celery_trace),
+               ("celery.result", _apply_celery_result)),
 }
 
 
