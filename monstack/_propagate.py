@@ -904,7 +904,10 @@ class _PatchingLoader:
 def _patch_failed(name: str, exc: BaseException) -> None:
     """A point could not be patched when its module was imported: the program goes on,
     that point's work gets no origin, and the user is told (a MonstackWarning, or a line
-    on stderr where warnings are errors: never an exception inside their import)."""
+    on stderr where warnings are errors: never an exception inside their import), once
+    per point and install (a point patched in several modules fails in each)."""
+    if name in FAILED:
+        return
     FAILED[name] = f"{type(exc).__name__}: {exc}"
     try:
         warn(f"monstack: could not patch propagation point {name!r} ({FAILED[name]}); "
