@@ -30,14 +30,21 @@ def source_line(filename: str, lineno: Optional[int]) -> str:
 
 
 def format_frame(record: Sequence, color: bool = False) -> str:
-    """``  File "f", line N, in name`` plus the source line, as CPython prints it."""
+    """``  File "f", line N, in name`` plus the source line, as CPython prints it.
+
+    A 7-field record (a snapshot restored from its portable form, maybe made on another
+    machine) shows the line it carries, or none: its file is never read here."""
     filename, lineno, name = record[0], record[1], record[2]
     if color:
         m, r = ANSI.MAGENTA, ANSI.RESET
         text = f'  File {m}"{filename}"{r}, line {m}{lineno}{r}, in {m}{name}{r}\n'
     else:
         text = f'  File "{filename}", line {lineno}, in {name}\n'
-    line = source_line(filename, lineno)
+    if len(record) > 6:
+        carried = record[6]
+        line = carried.strip() if isinstance(carried, str) else ""
+    else:
+        line = source_line(filename, lineno)
     if line:
         text += f"    {line}\n"
     return text
@@ -99,7 +106,7 @@ def format_records(records: Sequence[Sequence], color: bool = False, limit: Opti
 
 def format_snapshot(snap, color: Optional[bool] = None, limit: Optional[int] = None, file: Optional[IO[str]] = None) -> str:
     """A snapshot's frames, as ``traceback.format_list`` would lay them out."""
-    return "".join(format_records(snap.records(), resolve(color, file), limit))
+    return "".join(format_records(snap._display_records(), resolve(color, file), limit))
 
 
 def heading(text: str, color: bool) -> str:
@@ -130,7 +137,7 @@ def format_origin(snap, color: bool = False, limit: Optional[int] = None, frame_
     for i, hop in enumerate((snap,) + tuple(older)):
         out.append(heading(ORIGIN_HEADING if i == 0 else HOP_HEADING, color))
         try:
-            records = hop.records()
+            records = hop._display_records()
         except Exception:  # never let a broken record break the report
             records = ()
         if records:

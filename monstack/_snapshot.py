@@ -3,12 +3,15 @@
 A live snapshot is the top node of the thread's shadow stack plus the snapshotting
 frame's offset. File names, line numbers and source lines are computed only when the
 snapshot is read, through per-code caches that keep their code objects alive and are
-bounded. A pickled snapshot travels as plain ``(filename, lineno, name, ...)`` records.
+bounded. A pickled snapshot travels as its portable form (``Snapshot.to_portable``): plain
+JSON-safe records that carry the source text of each line as read where the snapshot was
+made, so a snapshot restored on another machine never shows a line read from a local file.
 """
 
 from __future__ import annotations
 
 import contextvars
+import linecache
 import traceback
 from types import CodeType
 from typing import Any, Iterator, Optional, Tuple
@@ -53,6 +56,15 @@ def set_chain_limit(limit: int) -> None:
 
 #: One frame as plain data: filename, lineno, name, end_lineno, colno, end_colno.
 FrameRecord = Tuple[str, Optional[int], str, Optional[int], Optional[int], Optional[int]]
+
+#: Version tag of the portable form (``Snapshot.to_portable``).
+PORTABLE_VERSION = 1
+#: Longest source line carried in the portable form; longer lines are cut to this.
+PORTABLE_LINE_MAX = 500
+#: Bounds ``from_portable`` accepts (hops of a chain, frames of one hop, chars of a string).
+PORTABLE_MAX_HOPS = 1024
+PORTABLE_MAX_FRAMES = 10000
+PORTABLE_MAX_STR = 4096
 
 
 def _positions(code: CodeType) -> list:
@@ -129,11 +141,13 @@ class Snapshot(tuple):
 
     @classmethod
     def _from_records(cls, records: tuple, origin: Optional["Snapshot"] = None, dropped: int = 0) -> "Snapshot":
+        """A restored snapshot: 7-field records (the 7th the carried line, or None); a
+        6-field record (an older pickle) gets None: its line is never read here."""
         linked = cls._new(None, -1, origin)
         meta = _tuple_getitem(linked, 4)
         if _tuple_getitem(linked, 2) is None:
             meta = max(0, int(dropped)) << _HOP_BITS
-        recs = tuple(tuple(r) for r in records)
+        recs = tuple(tuple(r[:7]) if len(r) >= 7 else tuple(r[:6]) + (None,) for r in records)
         return _tuple_new(cls, (None, -1, _tuple_getitem(linked, 2), recs, meta))
 
     @property
@@ -192,20 +206,85 @@ class Snapshot(tuple):
         """Plain ``(filename, lineno, name, end_lineno, colno, end_colno)``, outermost first."""
         recs = self._records
         if recs is None:  # not cached: the shared nodes are the compact form
-            recs = tuple(reversed(_records(self._node, self._lasti)))
+            return tuple(reversed(_records(self._node, self._lasti)))
+        return tuple(r[:6] for r in recs)  # restored: the 7th field is the carried line
+
+    def _display_records(self) -> tuple:
+        """What formatting reads: 6-field records for a local snapshot (lines looked up
+        here, lazily), 7-field ones ending in the carried line (or None) for a restored
+        snapshot, whose files may be another machine's."""
+        recs = self._records
+        if recs is None:
+            return tuple(reversed(_records(self._node, self._lasti)))
         return recs
+
+    def source_lines(self) -> tuple[Optional[str], ...]:
+        """The source line of each frame (outermost first, trailing whitespace removed),
+        None where there is none: read here for a local snapshot, the carried text for a
+        snapshot restored from its portable form or a pickle."""
+        recs = self._records
+        if recs is not None:
+            return tuple(r[6] for r in recs)
+        return tuple(_read_line(r[0], r[1]) for r in self.records())
+
+    def to_portable(self) -> dict:
+        """This snapshot and its origin chain as JSON-safe plain data (no locals).
+
+        ``{"v": 1, "chain": [hop, ...], "dropped": n}``: ``chain`` holds this snapshot then
+        its origins, newest first (at most ``chain_limit`` origins); each hop is a list of
+        frames, outermost first, each frame ``[filename, lineno, name, end_lineno, colno,
+        end_colno, line]`` where ``line`` is the source text read where the snapshot was
+        made (or None); ``dropped`` counts older hops not carried.
+        """
+        origins, dropped = self.chain(CHAIN_LIMIT)
+        chain = []
+        for hop in (self,) + origins:
+            lines = hop.source_lines()
+            chain.append([list(rec) + [line] for rec, line in zip(hop.records(), lines)])
+        return {"v": PORTABLE_VERSION, "chain": chain, "dropped": max(0, dropped)}
+
+    @classmethod
+    def from_portable(cls, data: Any) -> "Snapshot":
+        """The snapshot ``to_portable`` described; ValueError for anything malformed."""
+        try:
+            chain, dropped = _parse_portable(data)
+            snap: Optional[Snapshot] = None
+            for i, recs in enumerate(reversed(chain)):
+                snap = cls._from_records(recs, snap, dropped if i == 0 else 0)
+        except ValueError:
+            raise
+        except Exception as exc:  # a hostile object: report it as malformed, nothing else
+            raise ValueError(f"not a portable monstack snapshot: {type(exc).__name__}") from None
+        assert snap is not None
+        return snap
 
     @property
     def frames(self) -> traceback.StackSummary:
-        """The frames as a ``traceback.StackSummary``, outermost first (like ``extract_stack()``)."""
-        return traceback.StackSummary.from_list(
-            [
+        """The frames as a ``traceback.StackSummary``, outermost first (like ``extract_stack()``).
+
+        A restored snapshot's frames hold its carried lines ("" where none was carried, so
+        ``FrameSummary.line`` never reads a local file); a carried line is one line, so
+        positions spanning several lines are left out of them."""
+        recs = self._records
+        if recs is None:
+            return traceback.StackSummary.from_list(
+                [
+                    traceback.FrameSummary(
+                        fn, ln, name, lookup_line=False, end_lineno=eln, colno=col, end_colno=ecol
+                    )
+                    for fn, ln, name, eln, col, ecol in self.records()
+                ]
+            )
+        out = []
+        for fn, ln, name, eln, col, ecol, line in recs:
+            if eln is not None and eln != ln:
+                eln, col, ecol = ln, None, None
+            out.append(
                 traceback.FrameSummary(
-                    fn, ln, name, lookup_line=False, end_lineno=eln, colno=col, end_colno=ecol
+                    fn, ln, name, lookup_line=False, line=line or "", end_lineno=eln, colno=col, end_colno=ecol
                 )
-                for fn, ln, name, eln, col, ecol in self.records()
-            ]
-        )
+            )
+        return traceback.StackSummary.from_list(out)
 
     def __len__(self) -> int:
         if self._records is not None:
@@ -259,17 +338,77 @@ class Snapshot(tuple):
         return hash(self.records())
 
     def __reduce__(self) -> tuple:
-        if self._origin is None and self._dropped:
-            return (_restore, (self.records(), None, self._dropped))
-        return (_restore, (self.records(), self._origin))
+        return (_from_portable, (self.to_portable(),))
 
 
 _tuple_new = tuple.__new__
 _tuple_getitem = tuple.__getitem__
 
 
+def _from_portable(data: Any) -> Snapshot:
+    return Snapshot.from_portable(data)
+
+
 def _restore(records: tuple, origin: Optional[Snapshot], dropped: int = 0) -> Snapshot:
+    """Unpickles snapshots pickled by earlier versions (records without lines)."""
     return Snapshot._from_records(records, origin, dropped)
+
+
+def _read_line(filename: str, lineno: Optional[int]) -> Optional[str]:
+    """The source line as read here (trailing whitespace removed, cut to
+    ``PORTABLE_LINE_MAX``), None when there is none."""
+    if not lineno:
+        return None
+    try:
+        line = linecache.getline(filename, lineno).rstrip()
+    except Exception:  # a loader that raises, a file that vanished mid-read, ...
+        return None
+    return line[:PORTABLE_LINE_MAX] if line else None
+
+
+def _opt_int(value: Any) -> Optional[int]:
+    if value is None:
+        return None
+    if type(value) is not int or not -(1 << 62) < value < (1 << 62):
+        raise ValueError(f"not a portable monstack snapshot: bad number {value!r:.40}")
+    return value
+
+
+def _str(value: Any, optional: bool = False) -> Optional[str]:
+    if value is None and optional:
+        return None
+    if type(value) is not str or len(value) > PORTABLE_MAX_STR:
+        raise ValueError(f"not a portable monstack snapshot: bad text {value!r:.40}")
+    return value
+
+
+def _parse_portable(data: Any) -> tuple[list[tuple], int]:
+    """Validated ``(hops, dropped)`` of a portable snapshot (hops newest first)."""
+    if type(data) is not dict:
+        raise ValueError("not a portable monstack snapshot: not a dict")
+    if data.get("v") != PORTABLE_VERSION or type(data.get("v")) is not int:
+        raise ValueError(f"not a portable monstack snapshot: version {data.get('v')!r:.40}")
+    chain: Any = data.get("chain")
+    dropped = data.get("dropped", 0)
+    if type(chain) not in (list, tuple) or not 0 < len(chain) <= PORTABLE_MAX_HOPS:
+        raise ValueError("not a portable monstack snapshot: 'chain' is not a list of 1+ hops")
+    dropped = _opt_int(dropped)
+    if dropped is None or dropped < 0:
+        raise ValueError("not a portable monstack snapshot: bad 'dropped'")
+    hops = []
+    for hop in chain:
+        if type(hop) not in (list, tuple) or len(hop) > PORTABLE_MAX_FRAMES:
+            raise ValueError("not a portable monstack snapshot: a hop is not a list of frames")
+        recs = []
+        for frame in hop:
+            if type(frame) not in (list, tuple) or len(frame) != 7:
+                raise ValueError("not a portable monstack snapshot: a frame is not a list of 7")
+            fn, ln, name, eln, col, ecol, line = frame
+            recs.append(
+                (_str(fn), _opt_int(ln), _str(name), _opt_int(eln), _opt_int(col), _opt_int(ecol), _str(line, True))
+            )
+        hops.append(tuple(recs))
+    return hops, dropped
 
 
 #: Shortened copies made by ``_compacted``: id(snapshot) -> (snapshot, limit, copy).

@@ -38,6 +38,8 @@ class _Hop:
             raise RuntimeError("a record that cannot be read")
         return self._recs
 
+    _display_records = records
+
     def chain(self, limit):
         shown = self._older[:limit]
         return shown, len(self._older) - len(shown)
@@ -123,6 +125,69 @@ def test_source_line_needs_a_line_number_and_survives_a_failing_lookup(monkeypat
     monkeypatch.setattr(_format, "linecache", types.SimpleNamespace(getline=broken))  # only _format's
     assert _format.source_line(__file__, here) == ""
     assert _format.format_frame((__file__, here, "f")) == f'  File "{__file__}", line {here}, in f\n'
+
+
+def _restored_elsewhere(tmp_path, source_here):
+    """A snapshot of line 3 of a file, pickled, the file then replaced (or removed) here."""
+    import pickle
+
+    path = tmp_path / "remote.py"
+    path.write_text("import monstack\ndef f():\n    return monstack.snapshot()  # made there\n")
+    ns: dict = {"__name__": "remote"}
+    exec(compile(path.read_text(), str(path), "exec"), ns)
+    data = pickle.dumps(ns["f"]())
+    if source_here is None:
+        os.remove(path)
+    else:
+        path.write_text(source_here)
+    import linecache
+
+    linecache.checkcache(str(path))
+    return path, pickle.loads(data)
+
+
+def test_a_restored_snapshot_shows_its_carried_line_when_its_file_is_missing_here(tmp_path):
+    path, snap = _restored_elsewhere(tmp_path, None)
+    text = snap.format(color=False)
+    assert f'File "{path}", line 3, in f\n    return monstack.snapshot()  # made there\n' in text
+
+
+def test_a_restored_snapshot_never_shows_a_different_local_file_at_its_path(tmp_path):
+    import linecache
+
+    marker = "LOCAL-" + "ONLY"  # (not spelt out: the test's own line is in the snapshot)
+    path, snap = _restored_elsewhere(tmp_path, f"a\nb\n{marker}\n")
+    assert linecache.getline(str(path), 3).strip() == marker
+    text = snap.format(color=False) + "".join(_format.format_origin(snap))
+    assert marker not in text and "# made there" in text
+    assert snap.frames[-1].line == "return monstack.snapshot()  # made there"
+
+
+def test_a_restored_snapshot_without_text_shows_no_line_and_reads_no_file(tmp_path, monkeypatch):
+    from monstack._snapshot import Snapshot
+
+    path = tmp_path / "here.py"
+    path.write_text("one\ntwo\n")
+    snap = Snapshot.from_portable({"v": 1, "chain": [[[str(path), 2, "f", 2, 0, 3, None]]], "dropped": 0})
+    import linecache
+
+    def no_reads(*args, **kwargs):
+        raise AssertionError("a restored snapshot read a local file")
+
+    monkeypatch.setattr(linecache, "getline", no_reads)
+    monkeypatch.setattr(linecache, "getlines", no_reads)
+    assert _format.format_snapshot(snap, color=False) == f'  File "{path}", line 2, in f\n'
+    assert snap.frames[0].line == ""
+    import traceback
+
+    assert traceback.format_list(snap.frames) == [f'  File "{path}", line 2, in f\n']
+
+
+def test_format_frame_shows_a_carried_line_and_never_looks_one_up():
+    assert _format.format_frame((__file__, 1, "f", None, None, None, "  carried  ")) == (
+        f'  File "{__file__}", line 1, in f\n    carried\n'
+    )
+    assert _format.format_frame((__file__, 1, "f", None, None, None, None)) == f'  File "{__file__}", line 1, in f\n'
 
 
 # -- format_records(): recursion and elision ---------------------------------------------

@@ -58,6 +58,98 @@ def test_pickle_round_trip_keeps_records(installed):
     assert len(clone) == len(snap)
 
 
+def test_portable_round_trip_keeps_records_lines_and_chain(installed):
+    import json
+
+    from conftest import chain_of
+
+    snap = chain_of(3)
+    data = snap.to_portable()
+    assert json.loads(json.dumps(data)) == data  # plain JSON-safe data
+    assert data["v"] == 1 and len(data["chain"]) == 4 and data["dropped"] == 0
+    frame = data["chain"][0][-1]
+    assert frame[:3] == [snap.records()[-1][0], snap.records()[-1][1], snap.records()[-1][2]]
+    assert frame[6] == snap.source_lines()[-1] and frame[6]
+    back = Snapshot.from_portable(json.loads(json.dumps(data)))
+    assert back == snap and back.records() == snap.records()
+    assert back.source_lines() == snap.source_lines()
+    assert str(back) == str(snap)
+    assert back.chain() == snap.chain() or [h.records() for h in back.chain()[0]] == [
+        h.records() for h in snap.chain()[0]
+    ]
+    assert back.to_portable() == data  # a restored snapshot carries what it was given
+
+
+def test_portable_form_carries_the_chain_limit_and_dropped_hops(installed):
+    from conftest import chain_of
+
+    monstack.uninstall()
+    monstack.install(chain_limit=2)
+    snap = chain_of(5)
+    data = snap.to_portable()
+    shown, dropped = snap.chain()
+    assert len(data["chain"]) == 1 + len(shown) and data["dropped"] == dropped > 0
+    back = Snapshot.from_portable(data)
+    assert back.chain(limit=10)[1] == dropped + len(shown) - len(back.chain(limit=10)[0])
+    assert back.chain()[1] == snap.chain()[1]
+
+
+def test_pickle_carries_the_portable_form(installed):
+    snap = take()
+    clone = pickle.loads(pickle.dumps(snap))
+    assert clone._records is not None  # restored: shows only what it carries
+    assert clone.source_lines()[-1] == "    return monstack.snapshot()"  # as in the file
+    assert clone.to_portable() == snap.to_portable()
+
+
+def test_pickles_of_earlier_versions_still_load_without_lines():
+    from monstack._snapshot import _restore
+
+    old = _restore((("x.py", 1, "f", None, None, None),), None, 2)
+    assert old.records() == (("x.py", 1, "f", None, None, None),)
+    assert old.source_lines() == (None,) and old.chain() == ((), 2)
+
+
+@pytest.mark.parametrize("bad", [
+    None, 42, "text", [], {}, {"v": 2, "chain": [[]]}, {"v": True, "chain": [[]]},
+    {"v": 1}, {"v": 1, "chain": []}, {"v": 1, "chain": "ab"}, {"v": 1, "chain": [[]], "dropped": -1},
+    {"v": 1, "chain": [[]], "dropped": 1.5}, {"v": 1, "chain": [["not a frame"]]},
+    {"v": 1, "chain": [[["f.py", 1, "f", None, None, None]]]},
+    {"v": 1, "chain": [[["f.py", "1", "f", None, None, None, None]]]},
+    {"v": 1, "chain": [[["f.py", True, "f", None, None, None, None]]]},
+    {"v": 1, "chain": [[[b"f.py", 1, "f", None, None, None, None]]]},
+    {"v": 1, "chain": [[["f.py", 1, None, None, None, None, None]]]},
+    {"v": 1, "chain": [[["f.py", 1, "f", None, None, None, 3]]]},
+    {"v": 1, "chain": [[["f.py", 10**30, "f", None, None, None, None]]]},
+    {"v": 1, "chain": [[["x" * 100000, 1, "f", None, None, None, None]]]},
+    {"v": 1, "chain": [[]] * 5000},
+])
+def test_from_portable_rejects_malformed_input_with_valueerror_only(bad):
+    with pytest.raises(ValueError):
+        Snapshot.from_portable(bad)
+
+
+def test_from_portable_turns_hostile_objects_into_valueerror():
+    class Hostile(dict):
+        def get(self, *args):
+            raise RuntimeError("hostile")
+
+    class Weird(list):
+        def __iter__(self):
+            raise MemoryError("no")
+
+    with pytest.raises(ValueError):
+        Snapshot.from_portable(Hostile(v=1))
+    with pytest.raises(ValueError):
+        Snapshot.from_portable({"v": 1, "chain": Weird([[]])})
+
+
+def test_from_portable_accepts_frames_without_positions_or_text():
+    snap = Snapshot.from_portable({"v": 1, "chain": [[["f.py", None, "f", None, None, None, None]], []]})
+    assert snap.records() == (("f.py", None, "f", None, None, None),)
+    assert len(snap.chain()[0]) == 1 and len(snap.chain()[0][0]) == 0
+
+
 @tracking
 def test_snapshot_is_o1_shares_nodes_and_survives_caller_moving_on(installed):
     def a():
