@@ -378,3 +378,14 @@ def test_a_retry_keeps_the_clients_origin_and_headers(client):
     assert f"origin [['{THIS}', {line_of('retry-client')}]]; custom 'x'" in str(info.value)
     assert_created_at(monstack.origin_of(info.value), "retry-client")
     assert client.task("headers_seen").delay().get(timeout=60) == [_celery.HEADER]
+
+
+def test_a_loop_publishing_from_one_line_encodes_once(memory_app):
+    app, sent = memory_app
+    for i in range(3):
+        app.tasks["celery_app.ok"].delay(i)  # @loop
+    app.tasks["celery_app.ok"].delay(9)  # @after-loop
+    first, second, third, other = (h[_celery.HEADER] for h in sent[-4:])
+    assert first is second is third and other is not first
+    assert_created_at(monstack.Snapshot.from_portable(first), "loop")
+    assert_created_at(monstack.Snapshot.from_portable(other), "after-loop")
