@@ -274,7 +274,9 @@ def _received(fn: Callable[..., Any], data: bytes) -> _WithOrigin:
         if len(_RECEIVED) >= _RECEIVED_MAX:
             _RECEIVED.clear()
         _RECEIVED[data] = snap
-    return _WithOrigin(fn, snap)
+    received = _WithOrigin(fn, snap)
+    received._sent = data  # sent on again (Dask: scheduler -> worker) as it came
+    return received
 
 
 def _run_received(owner: Any, data: bytes) -> _RunOf:

@@ -37,6 +37,11 @@
   under the publishing line and fail with it, on the worker and in ``AsyncResult.get()``;
   the snapshot travels in the message's headers. Patched only once the program imports
   Celery (see ``monstack._celery``).
+- ``"dask"``: ``distributed.Client.submit`` and ``Client.map`` (clients made inside
+  tasks too): the task runs on the worker under the submitting line, whose failure note
+  travels back with the exception; the client attaches it again to exceptions that
+  arrive without it (a dead worker's ``KilledWorker``, errors Dask replaced). Patched
+  only once the program imports ``distributed``; the code is in ``_dask``.
 - ``"trio"``: tasks started with ``nursery.start_soon``/``nursery.start`` (trio's
   ``Runner.spawn_impl``: the task's own context gets the origin; the exception it exits
   with gets it attached) and ``trio.to_thread.run_sync``. Patched only once the program
@@ -109,13 +114,7 @@ def start(options: dict) -> None:
                 _ON.add(name)
                 for trigger, apply in _APPLY[name]:
                     if trigger in sys.modules:
-                        if name in _REPORTED:  # a third-party engine: never fail install()
-                            try:
-                                apply()
-                            except Exception as exc:
-                                _patch_failed(name, exc)
-                        else:
-                            apply()
+                        apply()
                     else:  # patch when the program imports it: install() stays cheap
                         _PENDING.setdefault(trigger, []).append((name, apply))
         if _PENDING and _HOOK not in sys.meta_path:
@@ -145,6 +144,9 @@ def stop() -> None:
         except Exception:
             pass
     _INHERITED.clear()
+    dask_mod = sys.modules.get(f"{__package__}._dask")
+    if dask_mod is not None:
+        dask_mod.forget()
     _snapshot.set_chain_limit(_snapshot.DEFAULT_CHAIN_LIMIT)
 
 
@@ -789,30 +791,44 @@ def _apply_trio() -> None:
         _PATCHES.append((to_thread, "run_sync", original, replacement))
 
 
-# -- celery (monstack._celery: imported once the program imports Celery) -----------------------
+# -- dask (the code lives in _dask; imported only when distributed is) -----------------------------
 
 
-def _apply_celery_signals() -> None:
-    from . import _celery
+def _apply_dask() -> None:
+    from . import _dask
 
-    _celery.apply_signals(_ON, _take)
-
-
-def _apply_celery_trace() -> None:
-    from . import _celery
-
-    _celery.apply_trace(_patch, _ON)
-
-
-def _apply_celery_result() -> None:
-    from . import _celery
-
-    _celery.apply_result(_patch, _ON)
+    client_mod = sys.modules["distributed.client"]
+    try:
+        _dask.recognise(client_mod)
+    except Exception as exc:  # a distributed this patch does not know: say so, run on
+        _patch_failed("dask", exc)
+        return
+    for owner, attr, make in _dask.make_patches(client_mod, lambda: "dask" in _ON, _take):
+        _patch(owner, attr, make)
 
 
-#: Points whose patch failing at install() time is reported (``_patch_failed``) rather
-#: than raised: engines whose internals may change under us.
-_REPORTED = frozenset(("celery",))
+# -- celery (the code lives in _celery; imported only when Celery is) --------------------------------
+
+
+def _celery_part(part: str) -> Callable[[], None]:
+    """Patch one Celery module (signals, app.trace, result); a Celery the patch does not
+    know is reported (once) and the program runs on unchanged."""
+
+    def apply() -> None:
+        from . import _celery
+
+        try:
+            if part == "signals":
+                _celery.apply_signals(_ON, _take)
+            elif part == "trace":
+                _celery.apply_trace(_patch, _ON)
+            else:
+                _celery.apply_result(_patch, _ON)
+        except Exception as exc:
+            _patch_failed("celery", exc)
+
+    return apply
+
 
 #: Each point: (the module whose import makes it patchable, how to patch it there), for
 #: each part of it.
@@ -826,8 +842,9 @@ _APPLY: dict[str, tuple[tuple[str, Callable[[], None]], ...]] = {
     "process": (("multiprocessing.process", _apply_process),),
     "mp_pool": (("multiprocessing.pool", _apply_mp_pool),),
     "trio": (("trio", _apply_trio),),
-    "celery": (("celery.signals", _apply_celery_signals), ("celery.app.trace", _apply_celery_trace),
-               ("celery.result", _apply_celery_result)),
+    "celery": (("celery.signals", _celery_part("signals")), ("celery.app.trace", _celery_part("trace")),
+               ("celery.result", _celery_part("result"))),
+    "dask": (("distributed.client", _apply_dask),),
 }
 
 

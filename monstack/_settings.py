@@ -30,6 +30,7 @@ PROPAGATION_POINTS: tuple[str, ...] = (
     "start_new_thread",
     "trio",
     "celery",
+    "dask",
 )
 
 #: The variable that selects a backend (``install(backend=None)`` reads it).
@@ -200,7 +201,7 @@ SETTINGS: tuple[Setting, ...] = (
         "1/true/yes/on/all, 0/false/no/off/none, or a comma-separated list of propagation points",
         "all",
         "Which propagation points install() patches (threading, thread_pool, process_pool, "
-        "asyncio_tasks, asyncio_executor, process, mp_pool, start_new_thread, trio).",
+        "asyncio_tasks, asyncio_executor, process, mp_pool, start_new_thread, trio, dask).",
         "--propagate",
     ),
     Setting(

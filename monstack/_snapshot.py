@@ -225,7 +225,8 @@ class Snapshot(tuple):
         recs = self._records
         if recs is not None:
             return tuple(r[6] for r in recs)
-        return tuple(_read_line(r[0], r[1]) for r in self.records())
+        files: dict[str, list[str]] = {}
+        return tuple(_line_in(files, r[0], r[1]) for r in self.records())
 
     def to_portable(self) -> dict:
         """This snapshot and its origin chain as JSON-safe plain data (no locals).
@@ -237,10 +238,14 @@ class Snapshot(tuple):
         made (or None); ``dropped`` counts older hops not carried.
         """
         origins, dropped = self.chain(CHAIN_LIMIT)
+        files: dict[str, list[str]] = {}  # each file's lines, looked up once
         chain = []
         for hop in (self,) + origins:
-            lines = hop.source_lines()
-            chain.append([list(rec) + [line] for rec, line in zip(hop.records(), lines)])
+            recs = hop._records
+            if recs is not None:  # restored: what it carries
+                chain.append([list(r) for r in recs])
+            else:
+                chain.append([[*r, _line_in(files, r[0], r[1])] for r in reversed(_records(hop._node, hop._lasti))])
         return {"v": PORTABLE_VERSION, "chain": chain, "dropped": max(0, dropped)}
 
     @classmethod
@@ -354,59 +359,65 @@ def _restore(records: tuple, origin: Optional[Snapshot], dropped: int = 0) -> Sn
     return Snapshot._from_records(records, origin, dropped)
 
 
-def _read_line(filename: str, lineno: Optional[int]) -> Optional[str]:
-    """The source line as read here (trailing whitespace removed, cut to
-    ``PORTABLE_LINE_MAX``), None when there is none."""
-    if not lineno:
+def _line_in(files: dict, filename: str, lineno: Optional[int]) -> Optional[str]:
+    """Line ``lineno`` of ``filename`` as read here (through ``linecache``; ``files``
+    caches each file's lines for one call), trailing whitespace removed and cut to
+    ``PORTABLE_LINE_MAX``; None when there is none."""
+    lines = files.get(filename)
+    if lines is None:
+        try:
+            lines = linecache.getlines(filename)
+        except Exception:  # a loader that raises, a file that vanished mid-read, ...
+            lines = []
+        files[filename] = lines
+    if not lineno or not 0 < lineno <= len(lines):
         return None
-    try:
-        line = linecache.getline(filename, lineno).rstrip()
-    except Exception:  # a loader that raises, a file that vanished mid-read, ...
-        return None
+    line = lines[lineno - 1].rstrip()
     return line[:PORTABLE_LINE_MAX] if line else None
 
 
-def _opt_int(value: Any) -> Optional[int]:
-    if value is None:
-        return None
-    if type(value) is not int or not -(1 << 62) < value < (1 << 62):
-        raise ValueError(f"not a portable monstack snapshot: bad number {value!r:.40}")
-    return value
+_SEQ = (list, tuple)
+_BIG = 1 << 62
+_NUM = (int, type(None))
+#: The types a portable frame's fields may have: str, int|None, str, three int|None, str|None.
+_FRAME_TYPES = frozenset(
+    (str, a, str, b, c, d, e) for a in _NUM for b in _NUM for c in _NUM for d in _NUM for e in (str, type(None))
+)
 
 
-def _str(value: Any, optional: bool = False) -> Optional[str]:
-    if value is None and optional:
-        return None
-    if type(value) is not str or len(value) > PORTABLE_MAX_STR:
-        raise ValueError(f"not a portable monstack snapshot: bad text {value!r:.40}")
-    return value
+def _bad(what: str) -> ValueError:
+    return ValueError(f"not a portable monstack snapshot: {what}")
 
 
 def _parse_portable(data: Any) -> tuple[list[tuple], int]:
     """Validated ``(hops, dropped)`` of a portable snapshot (hops newest first)."""
     if type(data) is not dict:
-        raise ValueError("not a portable monstack snapshot: not a dict")
-    if data.get("v") != PORTABLE_VERSION or type(data.get("v")) is not int:
-        raise ValueError(f"not a portable monstack snapshot: version {data.get('v')!r:.40}")
+        raise _bad("not a dict")
+    version = data.get("v")
+    if type(version) is not int or version != PORTABLE_VERSION:
+        raise _bad(f"version {version!r:.40}")
     chain: Any = data.get("chain")
     dropped = data.get("dropped", 0)
-    if type(chain) not in (list, tuple) or not 0 < len(chain) <= PORTABLE_MAX_HOPS:
-        raise ValueError("not a portable monstack snapshot: 'chain' is not a list of 1+ hops")
-    dropped = _opt_int(dropped)
-    if dropped is None or dropped < 0:
-        raise ValueError("not a portable monstack snapshot: bad 'dropped'")
+    if type(chain) not in _SEQ or not 0 < len(chain) <= PORTABLE_MAX_HOPS:
+        raise _bad("'chain' is not a list of 1+ hops")
+    if type(dropped) is not int or not 0 <= dropped < _BIG:
+        raise _bad("bad 'dropped'")
     hops = []
     for hop in chain:
-        if type(hop) not in (list, tuple) or len(hop) > PORTABLE_MAX_FRAMES:
-            raise ValueError("not a portable monstack snapshot: a hop is not a list of frames")
+        if type(hop) not in _SEQ or len(hop) > PORTABLE_MAX_FRAMES:
+            raise _bad("a hop is not a list of frames")
         recs = []
         for frame in hop:
-            if type(frame) not in (list, tuple) or len(frame) != 7:
-                raise ValueError("not a portable monstack snapshot: a frame is not a list of 7")
+            if type(frame) not in _SEQ or len(frame) != 7:
+                raise _bad("a frame is not a list of 7")
             fn, ln, name, eln, col, ecol, line = frame
-            recs.append(
-                (_str(fn), _opt_int(ln), _str(name), _opt_int(eln), _opt_int(col), _opt_int(ecol), _str(line, True))
-            )
+            if tuple(map(type, frame)) not in _FRAME_TYPES:
+                raise _bad(f"a frame's fields have the wrong types: {frame!r:.80}")
+            if not (-_BIG < (ln or 0) < _BIG and -_BIG < (eln or 0) < _BIG and -_BIG < (col or 0) < _BIG
+                    and -_BIG < (ecol or 0) < _BIG and len(fn) <= PORTABLE_MAX_STR
+                    and len(name) <= PORTABLE_MAX_STR and (line is None or len(line) <= PORTABLE_MAX_STR)):
+                raise _bad(f"a frame's field is too large: {frame!r:.80}")
+            recs.append((fn, ln, name, eln, col, ecol, line))
         hops.append(tuple(recs))
     return hops, dropped
 

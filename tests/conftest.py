@@ -98,3 +98,26 @@ def integration_module(name: str):
         if os.environ.get("CI") == "true" and not (name == "uvloop" and sys.platform == "win32"):
             pytest.fail(f"{reason}: CI requires it", pytrace=False)
         pytest.skip(reason, allow_module_level=True)
+
+
+#: CPythons an engine has no release for (pyproject's ``engines`` extra leaves it out
+#: there): its tests skip with the reason even in CI. Checked: dask/distributed 2026.8.0
+#: and celery[redis] 5.7.0 install on 3.11-3.15.
+ENGINE_NO_RELEASE: dict[str, tuple[tuple[int, int], ...]] = {}
+
+
+def engine_module(name: str):
+    """Import an engine (pyproject's ``engines`` extra: dask's distributed...) for a test
+    module. Missing here: skipped with the reason; in CI (``CI=true``) that is a failure,
+    unless the engine has no release for this CPython (``ENGINE_NO_RELEASE``), which
+    skips with the reason there too (pytest's ``-ra`` summary prints it)."""
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        version = sys.version_info[:2]
+        if version in ENGINE_NO_RELEASE.get(name.split(".")[0], ()):
+            pytest.skip(f"{name} has no release for CPython {version[0]}.{version[1]}", allow_module_level=True)
+        reason = f"{name} cannot be imported here ({exc}); pip install -e '.[engines]'"
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{reason}: CI requires it", pytrace=False)
+        pytest.skip(reason, allow_module_level=True)

@@ -23,13 +23,13 @@ from typing import Any, Iterator
 import pytest
 
 import stackcheck
-from conftest import integration_module
+from conftest import engine_module
 
 import monstack
 from monstack import _propagate
 from monstack._errors import MonstackWarning
 
-celery = integration_module("celery")
+celery = engine_module("celery")
 from celery import chain  # noqa: E402
 
 from monstack import _celery  # noqa: E402

@@ -798,6 +798,14 @@ def _targets() -> dict[str, list[tuple[Any, str]]]:
         pass
     else:
         celery_targets = [(celery.app.trace.TraceInfo, "handle_failure"), (celery.result.AsyncResult, "get")]
+    dask_targets: list[tuple[Any, str]] = []
+    try:  # the dask point's targets, where distributed is installed (tests/test_dask.py uses it)
+        import distributed.client
+    except ImportError:
+        pass
+    else:
+        dask_targets = [(distributed.client.Client, a) for a in ("submit", "map", "_release_key")]
+        dask_targets.append((distributed.client.FutureState, "set_error"))
     return {
         "threading": [(threading.Thread, "start")],
         "start_new_thread": [(_thread, "start_new_thread"), (_thread, "start_new")],
@@ -814,6 +822,7 @@ def _targets() -> dict[str, list[tuple[Any, str]]]:
         ],
         "trio": trio_targets,
         "celery": celery_targets,
+        "dask": dask_targets,
     }
 
 
