@@ -389,3 +389,13 @@ def test_a_loop_publishing_from_one_line_encodes_once(memory_app):
     assert first is second is third and other is not first
     assert_created_at(monstack.Snapshot.from_portable(first), "loop")
     assert_created_at(monstack.Snapshot.from_portable(other), "after-loop")
+
+
+def test_each_member_of_a_group_carries_the_line(memory_app):
+    app, sent = memory_app
+    ok = app.tasks["celery_app.ok"]
+    celery.group(ok.s(1), ok.s(2)).apply_async()  # @group
+    carried = [h[_celery.HEADER] for h in sent[-2:]]
+    assert len(carried) == 2
+    for data in carried:
+        assert_created_at(monstack.Snapshot.from_portable(data), "group")
