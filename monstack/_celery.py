@@ -88,7 +88,7 @@ def apply_signals(on: set, take: Callable[[], Optional[Snapshot]]) -> None:
             snap = _publishing_snapshot(take)
             if snap is None:
                 return
-            headers[HEADER] = _portable(snap)
+            headers[HEADER] = _header_value(snap)
             _remember(headers.get("id"), snap)
             _remember_embedded(body, snap)
         except Exception:
@@ -138,30 +138,65 @@ def _publishing_snapshot(take: Callable[[], Optional[Snapshot]]) -> Optional[Sna
     return snap
 
 
-#: Portable forms of recent live snapshots: (id(node), offset, id(origin), chain limit) ->
-#: (snapshot, its portable form). A loop publishing from one line takes equal snapshots
-#: (the same shadow-stack node and offset, the same origin): encoded once (~100 us for 20
-#: frames). Holding the snapshot keeps the ids from being reused; bounded.
-_PORTABLE: dict[tuple, tuple] = {}
-_PORTABLE_MAX = 64
+#: Header values of recent snapshots: key -> (snapshot, header value). A loop publishing
+#: from one line takes equal snapshots (the same shadow-stack node and offset, the same
+#: origin; key ``(id(node), offset, id(origin), chain limit)``), and Celery re-publishes a
+#: task's origin object itself (chain steps; key ``id(snapshot)``): each is encoded once
+#: (~100 us for 20 frames). Holding the snapshot keeps the ids from being reused; bounded.
+_SENT: dict[tuple, tuple] = {}
+_SENT_MAX = 64
+#: Snapshots decoded from header values, by their ``key`` (the worker side): a worker
+#: gets the same one with every task a loop published. Bounded.
+_RECEIVED: dict[str, Snapshot] = {}
+_RECEIVED_MAX = 256
+_prefix: list = []
+_counter = iter(range(1 << 62))
 
 
-def _portable(snap: Snapshot) -> Any:
+def _header_value(snap: Snapshot) -> dict:
+    """``{"key": ..., "snapshot": snap.to_portable()}``: the key names this encoding (a
+    random per-process prefix and a counter), so a receiver decodes each one once."""
     node = snap._node
-    if node is None:  # restored (or the origin itself): no live node to key on
-        return snap.to_portable()
-    key = (id(node), snap._lasti, id(snap._origin), _snapshot.CHAIN_LIMIT)
-    entry = _PORTABLE.get(key)
-    if entry is not None and entry[0]._node is node and entry[0]._origin is snap._origin:
+    if node is None:  # restored, or an origin re-published as it is
+        key: tuple = (id(snap),)
+    else:
+        key = (id(node), snap._lasti, id(snap._origin), _snapshot.CHAIN_LIMIT)
+    entry = _SENT.get(key)
+    if entry is not None and entry[0]._node is node and entry[0]._origin is snap._origin and (
+            node is not None or entry[0] is snap):
         return entry[1]
-    data = snap.to_portable()
-    if len(_PORTABLE) >= _PORTABLE_MAX:
+    if not _prefix:
+        import os
+
+        _prefix.append(os.urandom(8).hex())
+    value = {"key": f"{_prefix[0]}-{next(_counter)}", "snapshot": snap.to_portable()}
+    if len(_SENT) >= _SENT_MAX:
         try:
-            del _PORTABLE[next(iter(_PORTABLE))]
+            del _SENT[next(iter(_SENT))]
         except Exception:
             pass
-    _PORTABLE[key] = (snap, data)
-    return data
+    _SENT[key] = (snap, value)
+    return value
+
+
+def _decode(value: Any) -> Snapshot:
+    """The snapshot of a header value; ValueError if malformed."""
+    if type(value) is not dict:
+        raise ValueError("not a monstack_origin header value")
+    key = value.get("key")
+    if type(key) is str:
+        snap = _RECEIVED.get(key)
+        if snap is not None:
+            return snap
+    snap = Snapshot.from_portable(value.get("snapshot"))
+    if type(key) is str and len(key) <= 64:
+        if len(_RECEIVED) >= _RECEIVED_MAX:
+            try:
+                del _RECEIVED[next(iter(_RECEIVED))]
+            except Exception:
+                pass
+        _RECEIVED[key] = snap
+    return snap
 
 
 def _remember(task_id: Any, snap: Snapshot) -> None:
@@ -208,7 +243,7 @@ def _request_origin(request: Any) -> Optional[Snapshot]:
     if isinstance(data, Snapshot):  # eager: in this process, never serialized
         return data
     try:
-        return Snapshot.from_portable(data)
+        return _decode(data)
     except (ValueError, TypeError):
         return None
 

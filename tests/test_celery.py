@@ -80,7 +80,8 @@ def test_publish_puts_the_line_in_the_headers(memory_app):
     app, sent = memory_app
     result = app.tasks["celery_app.ok"].delay(1)  # @publish
     data = sent[-1][_celery.HEADER]
-    snap = monstack.Snapshot.from_portable(data)
+    assert sorted(data) == ["key", "snapshot"]
+    snap = monstack.Snapshot.from_portable(data["snapshot"])
     assert_created_at(snap, "publish")
     assert_created_at(_celery.SUBMITTED[result.id], "publish")
     import json
@@ -167,11 +168,13 @@ def test_eager_chain(eager_app):
 
 def test_a_carried_header_becomes_the_current_origin(eager_app):
     snap = monstack.snapshot()  # @carried
-    got = eager_app.tasks["celery_app.where"].apply(headers={_celery.HEADER: snap.to_portable()}).get()
+    value = {"key": "test-carried", "snapshot": snap.to_portable()}
+    got = eager_app.tasks["celery_app.where"].apply(headers={_celery.HEADER: value}).get()
     assert got == [[THIS, line_of("carried")]]
 
 
-@pytest.mark.parametrize("bad", [{"not": "a snapshot"}, "text", [[1, 2, 3]], 7])
+@pytest.mark.parametrize("bad", [{"not": "a snapshot"}, {"key": "k-bad", "snapshot": {"v": 1}}, {"snapshot": None},
+                                 {"key": 5, "snapshot": "text"}, "text", [[1, 2, 3]], 7])
 def test_a_malformed_header_is_ignored(eager_app, bad):
     got = eager_app.tasks["celery_app.where"].apply(headers={_celery.HEADER: bad}).get()  # @malformed
     assert got == [[THIS, line_of("malformed")]]  # as if there were none: the applying line
@@ -387,8 +390,10 @@ def test_a_loop_publishing_from_one_line_encodes_once(memory_app):
     app.tasks["celery_app.ok"].delay(9)  # @after-loop
     first, second, third, other = (h[_celery.HEADER] for h in sent[-4:])
     assert first is second is third and other is not first
-    assert_created_at(monstack.Snapshot.from_portable(first), "loop")
-    assert_created_at(monstack.Snapshot.from_portable(other), "after-loop")
+    assert_created_at(monstack.Snapshot.from_portable(first["snapshot"]), "loop")
+    assert_created_at(monstack.Snapshot.from_portable(other["snapshot"]), "after-loop")
+    assert first["key"] != other["key"]
+    assert _celery._decode(dict(first)) is _celery._decode(dict(first))  # decoded once per key
 
 
 def test_each_member_of_a_group_carries_the_line(memory_app):
@@ -398,4 +403,4 @@ def test_each_member_of_a_group_carries_the_line(memory_app):
     carried = [h[_celery.HEADER] for h in sent[-2:]]
     assert len(carried) == 2
     for data in carried:
-        assert_created_at(monstack.Snapshot.from_portable(data), "group")
+        assert_created_at(monstack.Snapshot.from_portable(data["snapshot"]), "group")
