@@ -5,7 +5,8 @@ submitted 20 frames deep, against a real ``redis-server`` (started here on a fre
 with monstack installed with every propagation point and with every point but ``celery``
 (same run, interleaved): without the point no header is sent and the worker's receivers
 return at once. Reports the median round trip of each and their ratio, and the size of
-the header::
+the header, and the CPU time per task of the client, the worker and redis-server with and
+without the point (less sensitive than wall time to other load on the machine)::
 
     PYTHONPATH=. python3.12 bench/celery_cost.py [ROUNDS] [BATCH]
 
@@ -52,6 +53,16 @@ def ping(port: int) -> bool:
         return False
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process ``pid`` so far (Linux ``/proc``; 0 elsewhere)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
 def batch(task, n: int) -> list[float]:
     times = []
     for i in range(n):
@@ -94,13 +105,16 @@ def main() -> int:
         task.delay(0).get(timeout=180)  # the worker is up, connections warm
         batch(task, 50)
         times: dict[str, list[float]] = {"with": [], "without": []}
+        cpu = {"with": 0.0, "without": 0.0}  # client + worker + redis-server
         ratios = []
         for r in range(rounds):
             order = ("with", "without") if r % 2 == 0 else ("without", "with")
             got = {}
             for side in order:
                 monstack.install(propagate=True if side == "with" else WITHOUT)
+                before = time.process_time() + sum(cpu_seconds(p.pid) for p in procs)
                 got[side] = deep(20, lambda: batch(task, size))
+                cpu[side] += time.process_time() + sum(cpu_seconds(p.pid) for p in procs) - before
                 monstack.uninstall()
                 times[side] += got[side]
             ratios.append(statistics.median(got["with"]) / statistics.median(got["without"]))
@@ -109,6 +123,10 @@ def main() -> int:
             print(f"point {side:7s}: median round trip {med[side] * 1e6:8.1f} us over {len(times[side])} tasks")
         print(f"ratio of the medians with/without: {med['with'] / med['without']:.3f} "
               f"({(med['with'] - med['without']) * 1e6:+.1f} us per task)")
+        per = {side: cpu[side] / len(times[side]) for side in cpu}
+        if per["without"] > 0:
+            print(f"CPU per task (client + worker + redis-server): without {per['without'] * 1e6:.1f} us, "
+                  f"with {per['with'] * 1e6:.1f} us, ratio {per['with'] / per['without']:.3f}")
         print(f"median of the {rounds} paired batch ratios: {statistics.median(ratios):.3f} "
               f"(quartiles {statistics.quantiles(ratios, n=4)[0]:.3f}..{statistics.quantiles(ratios, n=4)[2]:.3f})")
         monstack.install()
