@@ -82,8 +82,16 @@ def apply_signals(on: set, take: Callable[[], Optional[Snapshot]]) -> None:
     publish, prerun, postrun = signals.before_task_publish, signals.task_prerun, signals.task_postrun
 
     def before_publish(sender: Any = None, body: Any = None, headers: Any = None, **_: Any) -> None:
-        if POINT not in on or not isinstance(headers, dict) or HEADER in headers:
-            return  # off, no headers to write, or a retry (or a caller) that has one
+        if POINT not in on or not isinstance(headers, dict):
+            return
+        if HEADER in headers:  # a retry (or a caller) that has one: kept
+            held = headers[HEADER]
+            if isinstance(held, Snapshot):  # an eager task's, in a message: encoded
+                try:
+                    headers[HEADER] = _header_value(held)
+                except Exception:
+                    del headers[HEADER]
+            return
         try:
             snap = _publishing_snapshot(take)
             if snap is None:

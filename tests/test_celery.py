@@ -404,3 +404,26 @@ def test_each_member_of_a_group_carries_the_line(memory_app):
     assert len(carried) == 2
     for data in carried:
         assert_created_at(monstack.Snapshot.from_portable(data["snapshot"]), "group")
+
+
+def test_an_eager_tasks_headers_published_from_inside_it(installed):
+    """An eager task's request carries its origin as a Snapshot; publishing a task with
+    those headers (from inside it) sends the encoded form, never the object."""
+    app = celery_app.make_app("memory://")
+    sent: list = []
+
+    def record(headers: Any = None, **_: Any) -> None:
+        sent.append(dict(headers))
+
+    @app.task(name="test_celery.republish", bind=True, shared=False)
+    def republish(self: Any) -> None:
+        app.tasks["celery_app.ok"].apply_async((1,), headers=dict(self.request.headers))
+
+    celery.signals.before_task_publish.connect(record, weak=False, dispatch_uid="test_celery.eager-pub")
+    try:
+        republish.apply().get()  # @eager-pub
+    finally:
+        celery.signals.before_task_publish.disconnect(record, dispatch_uid="test_celery.eager-pub")
+    value = sent[-1][_celery.HEADER]
+    assert type(value) is dict
+    assert_created_at(monstack.Snapshot.from_portable(value["snapshot"]), "eager-pub")
