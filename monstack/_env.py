@@ -45,6 +45,10 @@ TAIL_CALL_INTERP: bool = bool(
 #: JIT code: the native callbacks are tested with it on.
 JIT_ENABLED: bool = bool(getattr(getattr(sys, "_jit", None), "is_enabled", lambda: False)())
 
+#: The oldest Celery the ``celery`` propagation point patches (5.3: a retry keeps the
+#: task's custom headers, celery#7523); an older one is reported as failed to patch.
+CELERY_MIN_VERSION: tuple[int, int] = (5, 3)
+
 #: ``traceback.TracebackException.format(colorize=...)`` exists (3.13+).
 COLORIZED_TRACEBACKS: bool = PYVERSION[:2] >= (3, 13)
 

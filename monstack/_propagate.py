@@ -33,6 +33,10 @@
   forms, for process pools and ``ThreadPool``). Each job runs with the calling line as
   its origin; the exception ``get()`` raises carries it (pickled back with the
   exception, and attached again in the parent by an error callback if pickling lost it).
+- ``"celery"``: Celery tasks (``delay``, ``apply_async``, canvas, eager ``apply``) run
+  under the publishing line and fail with it, on the worker and in ``AsyncResult.get()``;
+  the snapshot travels in the message's headers. Patched only once the program imports
+  Celery (see ``monstack._celery``).
 - ``"dask"``: ``distributed.Client.submit`` and ``Client.map`` (clients made inside
   tasks too): the task runs on the worker under the submitting line, whose failure note
   travels back with the exception; the client attaches it again to exceptions that
@@ -803,6 +807,29 @@ def _apply_dask() -> None:
         _patch(owner, attr, make)
 
 
+# -- celery (the code lives in _celery; imported only when Celery is) --------------------------------
+
+
+def _celery_part(part: str) -> Callable[[], None]:
+    """Patch one Celery module (signals, app.trace, result); a Celery the patch does not
+    know is reported (once) and the program runs on unchanged."""
+
+    def apply() -> None:
+        from . import _celery
+
+        try:
+            if part == "signals":
+                _celery.apply_signals(_ON, _take)
+            elif part == "trace":
+                _celery.apply_trace(_patch, _ON)
+            else:
+                _celery.apply_result(_patch, _ON)
+        except Exception as exc:
+            _patch_failed("celery", exc)
+
+    return apply
+
+
 #: Each point: (the module whose import makes it patchable, how to patch it there), for
 #: each part of it.
 _APPLY: dict[str, tuple[tuple[str, Callable[[], None]], ...]] = {
@@ -815,6 +842,8 @@ _APPLY: dict[str, tuple[tuple[str, Callable[[], None]], ...]] = {
     "process": (("multiprocessing.process", _apply_process),),
     "mp_pool": (("multiprocessing.pool", _apply_mp_pool),),
     "trio": (("trio", _apply_trio),),
+    "celery": (("celery.signals", _celery_part("signals")), ("celery.app.trace", _celery_part("trace")),
+               ("celery.result", _celery_part("result"))),
     "dask": (("distributed.client", _apply_dask),),
 }
 
@@ -892,7 +921,10 @@ class _PatchingLoader:
 def _patch_failed(name: str, exc: BaseException) -> None:
     """A point could not be patched when its module was imported: the program goes on,
     that point's work gets no origin, and the user is told (a MonstackWarning, or a line
-    on stderr where warnings are errors: never an exception inside their import)."""
+    on stderr where warnings are errors: never an exception inside their import), once
+    per point and install (a point patched in several modules fails in each)."""
+    if name in FAILED:
+        return
     FAILED[name] = f"{type(exc).__name__}: {exc}"
     try:
         warn(f"monstack: could not patch propagation point {name!r} ({FAILED[name]}); "

@@ -29,6 +29,7 @@ PROPAGATION_POINTS: tuple[str, ...] = (
     "mp_pool",
     "start_new_thread",
     "trio",
+    "celery",
     "dask",
 )
 

@@ -790,6 +790,14 @@ def _targets() -> dict[str, list[tuple[Any, str]]]:
     else:
         trio_targets = [(trio._core._run.Runner, "spawn_impl"), (trio._core._run.Runner, "task_exited"),
                         (trio._threads, "to_thread_run_sync"), (trio.to_thread, "run_sync")]
+    celery_targets: list[tuple[Any, str]] = []
+    try:  # the celery point's patches (its signal receivers are no patches), where installed
+        import celery.app.trace
+        import celery.result
+    except ImportError:
+        pass
+    else:
+        celery_targets = [(celery.app.trace.TraceInfo, "handle_failure"), (celery.result.AsyncResult, "get")]
     dask_targets: list[tuple[Any, str]] = []
     try:  # the dask point's targets, where distributed is installed (tests/test_dask.py uses it)
         import distributed.client
@@ -813,6 +821,7 @@ def _targets() -> dict[str, list[tuple[Any, str]]]:
             (multiprocessing.pool.Pool, "imap_unordered"),
         ],
         "trio": trio_targets,
+        "celery": celery_targets,
         "dask": dask_targets,
     }
 
