@@ -21,21 +21,25 @@ difference:
 
 from __future__ import annotations
 
-import ctypes
+import _thread
 import struct
 import sys
-import threading
 import types
-from typing import Any, Callable, Dict, Optional
 
-from . import _env, _native, _stack
+from . import _env, _native, _stack  # _native first: it imports ctypes (see there)
+
+import ctypes  # noqa: I001 (after _native)
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Callable, Dict, Optional
 
 MAGIC = 0x6D6F6E73796D6F6E  # "monsymon", struct ms_api in native/sysmon.c
 STATE_NAME = b"monstack.sysmon_native.state"
 COUNTERS = ("push_known", "push_unknown", "pop", "seed", "resync", "decide", "errors", "cache_miss", "events",
             "linked", "reused")
 
-_lock = threading.Lock()
+_lock = _thread.allocate_lock()
 #: None before the first check, then "" (the native callbacks can run) or why not.
 _why: Optional[str] = None
 _blob: Optional[_native.Blob] = None
@@ -321,7 +325,7 @@ def _verify_code_extra(lay: Dict[str, int], need: Callable[[bool, str], None]) -
 
 def _verify_dict_version(lay: Dict[str, int], need: Callable[[bool, str], None]) -> None:
     """The version tag of a thread's ``_thread._local`` dict must move on every change."""
-    local = threading.local()
+    local = _thread._local()
     local.cell = [None]
     d = local.__dict__
     at = id(d) + lay["ma_version_tag"]
@@ -339,7 +343,7 @@ def _verify_dict_entries(lay: Dict[str, int], need: Callable[[bool, str], None])
     ``_thread._local`` dict by reading its keys object (combined, str-keyed: an index
     table of ``1 << dk_log2_index_bytes`` bytes, then the entries). Read it the same way
     here, before and after the dict is resized, and compare with what Python holds."""
-    local = threading.local()
+    local = _thread._local()
     local.other = 1
     cell = local.cell = [None]
     d = local.__dict__

@@ -7,7 +7,6 @@
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from . import _stack
 from ._backend import Host
@@ -15,7 +14,10 @@ from ._policy import Policy
 from ._snapshot import CURRENT_ORIGIN, Snapshot
 from ._walk import WalkBackend
 
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from typing import Any, Callable, Optional
+
     from ._backend import Backend
 
 
