@@ -198,7 +198,9 @@ def _probe_with(mem: "_SafeMemory", off: Dict[str, int]) -> List[str]:
     check("owner_generator", _rd_u8(gen_if + off["if_owner"]) == off["owner_generator"])
 
     # code objects: adaptive code of a never-run code object is its co_code
-    fresh = compile("x = [i for i in range(3)]\n", "<monstack-probe>", "exec")
+    # (a fresh code object, not compile(): the first compile() of a process builds the
+    # AST types, ~3 ms of start-up)
+    fresh = _probe_code_extra.__code__.replace()
     raw = mem.bytes(id(fresh) + off["co_code_adaptive"], len(fresh.co_code))
     check("co_code_adaptive", raw == fresh.co_code)
 
@@ -285,7 +287,7 @@ def _probe_with(mem: "_SafeMemory", off: Dict[str, int]) -> List[str]:
 
 def _probe_code_extra(off: Dict[str, int], index: int) -> List[str]:
     set_extra = _api_fn("_PyCode_SetExtra", ctypes.c_int, ctypes.py_object, ctypes.c_ssize_t, ctypes.c_void_p)
-    code = compile("pass", "<monstack-probe-extra>", "exec")
+    code = _probe_code_extra.__code__.replace()
     if set_extra(code, index, 0x5A5A5A5A) != 0:
         return ["_PyCode_SetExtra failed"]
     mem = _SafeMemory()

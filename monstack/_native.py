@@ -204,9 +204,9 @@ def parse_json(text: str) -> Any:
     ``json`` (which imports ``re``: ~1.5 ms of start-up for one manifest); ``json``
     where that scanner is missing or refuses the context."""
     try:
-        from _json import make_scanner  # type: ignore[import-not-found]
+        from _json import make_scanner
 
-        scan = make_scanner(_ScanContext())
+        scan = make_scanner(_ScanContext())  # type: ignore[arg-type]  # (a decoder's attributes are all it reads)
     except Exception:  # pragma: no cover (no C accelerator here)
         import json
 
@@ -248,10 +248,26 @@ def read_image(name: str, manifest: Optional[dict] = None) -> Tuple[dict, dict, 
     return manifest, info, image
 
 
+try:
+    from _ctypes import dlsym as _dlsym  # POSIX
+except ImportError:  # pragma: no cover (Windows)
+    _dlsym = None  # type: ignore[assignment]
+
+
 def resolve(entry: str) -> int:
     """Address for one table slot (``f:``/``o:``/``p:`` + symbol), from the running Python."""
     kind, _, sym = entry.partition(":")
     api = ctypes.pythonapi
+    if _dlsym is not None:  # the same lookup ctypes.pythonapi.<sym> makes, without a function object per symbol
+        try:
+            address = _dlsym(api._handle, sym)
+        except OSError as exc:
+            raise NativeUnavailable(f"the interpreter does not export {sym} ({exc})") from None
+        if kind in ("f", "o"):
+            return address or 0
+        if kind == "p":
+            return ctypes.c_void_p.from_address(address).value or 0 if address else 0
+        raise NativeUnavailable(f"bad table entry {entry!r}")
     try:
         if kind == "f":
             return ctypes.cast(getattr(api, sym), ctypes.c_void_p).value or 0
