@@ -319,3 +319,21 @@ def test_table_slots_resolve_as_ctypes_resolves_them(monkeypatch):
     monkeypatch.setattr(_native, "_dlsym", None)
     assert fast == [_native.resolve(e) for e in entries]
     assert fast[1] == id(None) and fast[2] == id(TypeError)
+
+
+@pytest.mark.skipif(not _env.CTYPES_IMPORTS_SYSCONFIG, reason="this version's ctypes does not import sysconfig")
+def test_ctypes_is_imported_without_sysconfig_and_its_sysconfig_still_answers():
+    """3.14's ctypes imports sysconfig (which imports threading) at its top, for Cygwin
+    alone: _native imports it with a stand-in that imports the real one when used."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(_native.__file__)))
+    code = (
+        "import sys; sys.path.insert(0, %r); from monstack import _native; import ctypes; "
+        "print('sysconfig' in sys.modules, 'threading' in sys.modules); "
+        "print(ctypes._sysconfig.get_config_var('LDLIBRARY')); import sysconfig; "
+        "print(sysconfig.get_config_var('LDLIBRARY'), sys.modules['sysconfig'] is sysconfig)" % root
+    )
+    out = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0] == "False False"
+    assert lines[1] == lines[2].split()[0] and lines[2].endswith(" True")
