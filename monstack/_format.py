@@ -7,11 +7,16 @@ to let :mod:`monstack._colorize` decide for the stream).
 
 from __future__ import annotations
 
-import linecache
-from typing import IO, Any, Iterable, Optional, Sequence, Union
-
 from . import _env
 from ._colorize import ANSI, resolve
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import IO, Any, Iterable, Optional, Sequence, Union
+
+#: ``linecache``, imported at the first source line read (on 3.11 it imports tokenize,
+#: which imports re: nothing start-up needs).
+linecache: Any = None
 
 #: Identical consecutive frames shown before "[Previous line repeated N more times]".
 RECURSIVE_CUTOFF = 3
@@ -23,7 +28,12 @@ def source_line(filename: str, lineno: Optional[int]) -> str:
     """The stripped source line, or "" when the file is gone or unreadable."""
     if not lineno:
         return ""
+    global linecache
     try:
+        if linecache is None:
+            import linecache as module
+
+            linecache = module
         return linecache.getline(filename, lineno).strip()
     except Exception:  # a loader that raises, a file that vanished mid-read, ...
         return ""

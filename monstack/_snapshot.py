@@ -10,13 +10,18 @@ made, so a snapshot restored on another machine never shows a line read from a l
 
 from __future__ import annotations
 
-import contextvars
-import linecache
-import traceback
-from types import CodeType
-from typing import Any, Iterator, Optional, Tuple
+from _contextvars import ContextVar
 
 from . import _stack
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import traceback
+    from types import CodeType
+    from typing import Any, Iterator, Optional, Tuple
+
+    #: One frame as plain data: filename, lineno, name, end_lineno, colno, end_colno.
+    FrameRecord = Tuple[str, Optional[int], str, Optional[int], Optional[int], Optional[int]]
 
 #: Per-code cache of ``co_positions()``: id(code) -> (code, positions). Holding the
 #: code keeps its id from being reused while cached; the cap keeps memory bounded.
@@ -25,7 +30,7 @@ POSITIONS_CACHE_SIZE = 2048
 
 #: The snapshot of where the work now running was created (see ``monstack.origin``).
 #: Each thread and asyncio task has its own; ``snapshot()`` links new snapshots to it.
-CURRENT_ORIGIN: "contextvars.ContextVar[Optional[Snapshot]]" = contextvars.ContextVar(
+CURRENT_ORIGIN: "ContextVar[Optional[Snapshot]]" = ContextVar(
     "monstack_current_origin", default=None
 )
 
@@ -53,9 +58,6 @@ def set_chain_limit(limit: int) -> None:
     _SHORTEN_AT = 2 * limit
     _SHORTEN_CELL[0] = _SHORTEN_AT
 
-
-#: One frame as plain data: filename, lineno, name, end_lineno, colno, end_colno.
-FrameRecord = Tuple[str, Optional[int], str, Optional[int], Optional[int], Optional[int]]
 
 #: Version tag of the portable form (``Snapshot.to_portable``).
 PORTABLE_VERSION = 1
@@ -270,6 +272,8 @@ class Snapshot(tuple):
         A restored snapshot's frames hold its carried lines ("" where none was carried, so
         ``FrameSummary.line`` never reads a local file); a carried line is one line, so
         positions spanning several lines are left out of them."""
+        import traceback
+
         recs = self._records
         if recs is None:
             return traceback.StackSummary.from_list(
@@ -366,6 +370,8 @@ def _line_in(files: dict, filename: str, lineno: Optional[int]) -> Optional[str]
     lines = files.get(filename)
     if lines is None:
         try:
+            import linecache
+
             lines = linecache.getlines(filename)
         except Exception:  # a loader that raises, a file that vanished mid-read, ...
             lines = []
