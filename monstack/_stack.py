@@ -63,8 +63,28 @@ def linked_suspended(frame: FrameType) -> bool:
     return raw[at] == DELEGATION_OP and (not _RESUME_AFTER_YIELD or (raw[at + 1] & 3) >= 2)
 
 
+def _thread_local_type() -> Any:
+    """``_thread._local`` itself: the native code reads its per-thread dicts. gevent's
+    ``monkey.patch_all()`` replaces it with a greenlet-local class; when that happened
+    before monstack was imported, gevent keeps the original."""
+    local = _thread._local
+    if getattr(local, "__module__", None) != "_thread":
+        import sys
+
+        monkey = sys.modules.get("gevent.monkey")
+        try:
+            original = monkey.get_original("_thread", "_local")  # type: ignore[union-attr]
+            if getattr(original, "__module__", None) == "_thread":
+                return original
+        except Exception:
+            pass
+    return local
+
+
+_LOCAL = _thread_local_type()
+
 #: Per-thread state shared by all tracking backends (see module docstring).
-TLS = _thread._local()
+TLS = _LOCAL()
 
 #: How often a thread's stack was seeded from / rebuilt after disagreeing with the real
 #: frames ("resync": the slow path; tests assert ordinary code never needs one) / rebuilt
@@ -81,7 +101,7 @@ def reset_tls() -> None:
     reseeds from its real frames at its next event.
     """
     global TLS
-    TLS = _thread._local()
+    TLS = _LOCAL()
 
 
 #: ``TLS.__dict__`` key holding, while a garbage collection runs on the thread, the cell
