@@ -21,21 +21,25 @@ difference:
 
 from __future__ import annotations
 
-import ctypes
+import _thread
 import struct
 import sys
-import threading
 import types
-from typing import Any, Callable, Dict, Optional
 
-from . import _env, _native, _stack
+from . import _env, _native, _stack  # _native first: it imports ctypes (see there)
+
+import ctypes  # noqa: I001 (after _native)
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Callable, Dict, Optional
 
 MAGIC = 0x6D6F6E73796D6F6E  # "monsymon", struct ms_api in native/sysmon.c
 STATE_NAME = b"monstack.sysmon_native.state"
 COUNTERS = ("push_known", "push_unknown", "pop", "seed", "resync", "decide", "errors", "cache_miss", "events",
             "linked", "reused")
 
-_lock = threading.Lock()
+_lock = _thread.allocate_lock()
 #: None before the first check, then "" (the native callbacks can run) or why not.
 _why: Optional[str] = None
 _blob: Optional[_native.Blob] = None
@@ -238,8 +242,9 @@ def _verify_layout(blob: _native.Blob) -> None:
     # instrumented and specialised forms are fixed per minor version, checked above
     # (as the pair a yield compiles to: YIELD_VALUE then the RESUME after it; 3.14
     # numbers RESUME 8 above YIELD_VALUE, so a set of opcodes would not tell them apart)
-    gen = compile("def g():\n    yield 1\n", "<monstack opcode check>", "exec").co_consts[0]
-    ops = gen.co_code[0::2]
+    # (a generator function of this module, not compile(): the first compile() of a
+    # process builds the AST types, ~3 ms of start-up)
+    ops = _yield_one.__code__.co_code[0::2]
     need((lay["op_YIELD_VALUE"], lay["op_RESUME"]) in set(zip(ops, ops[1:])), "opcodes YIELD_VALUE/RESUME")
     _verify_type_fields(lay, need)
     _verify_code_extra(lay, need)
@@ -248,6 +253,11 @@ def _verify_layout(blob: _native.Blob) -> None:
     else:
         _verify_dict_entries(lay, need)
         _verify_tuple_hash(lay, need)
+
+
+def _yield_one() -> Any:
+    """Never run: its code holds the YIELD_VALUE/RESUME pair a yield compiles to."""
+    yield 1
 
 
 def _verify_type_fields(lay: Dict[str, int], need: Callable[[bool, str], None]) -> None:
@@ -309,7 +319,7 @@ def _verify_code_extra(lay: Dict[str, int], need: Callable[[bool, str], None]) -
     index = req(None)
     if index < 0:
         raise _native.NativeUnavailable("no free co_extra index (PyUnstable_Eval_RequestCodeExtraIndex)")
-    code = compile("pass", "<monstack co_extra check>", "exec")
+    code = _verify_code_extra.__code__.replace()  # a fresh code object (not compile(): see above)
     need(setx(code, index, 0x5A5A0) == 0, "PyUnstable_Code_SetExtra failed")
     extra = ctypes.c_void_p.from_address(id(code) + lay["co_extra"]).value
     need(extra is not None, "PyCodeObject.co_extra")

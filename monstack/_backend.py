@@ -13,26 +13,39 @@ None (it can) or the reason it cannot, as a sentence for ``python -m monstack in
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Optional, Protocol
-
-if TYPE_CHECKING:  # typing only: nothing here is imported at run time
+# ``typing`` is not imported at run time (start-up with MONSTACK=1 imports only what
+# tracking needs): mypy sees ``Backend`` as a ``typing.Protocol``, the interpreter as a
+# plain class that nothing inherits from (the tests read its members).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
     from types import FrameType
+    from typing import Any, Callable, Optional, Protocol
 
     from ._policy import Policy
     from ._snapshot import Snapshot
+else:
+    Protocol = object
 
 
-class Host(NamedTuple):
+class Host:
     """What a backend may call back into (provided by ``_install``)."""
 
-    #: A callback or capture failed: report it once and turn tracking off cleanly.
-    on_error: Callable[[BaseException], None]
-    #: The shadow stack can no longer be trusted (another tool replaced the eval_frame
-    #: function, or a policy callback failed): ``snapshot()`` stops taking fast paths
-    #: until the next install, so every capture reaches ``Backend.capture``.
-    distrust: Callable[[], None]
-    #: ``monstack.snapshot``: where a native snapshot path sends what it does not cover.
-    snapshot: Callable[[], "Snapshot"]
+    __slots__ = ("on_error", "distrust", "snapshot")
+
+    def __init__(
+        self,
+        on_error: Callable[[BaseException], None],
+        distrust: Callable[[], None],
+        snapshot: Callable[[], Snapshot],
+    ) -> None:
+        #: A callback or capture failed: report it once and turn tracking off cleanly.
+        self.on_error = on_error
+        #: The shadow stack can no longer be trusted (another tool replaced the eval_frame
+        #: function, or a policy callback failed): ``snapshot()`` stops taking fast paths
+        #: until the next install, so every capture reaches ``Backend.capture``.
+        self.distrust = distrust
+        #: ``monstack.snapshot``: where a native snapshot path sends what it does not cover.
+        self.snapshot = snapshot
 
 
 class Backend(Protocol):

@@ -7,15 +7,16 @@
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from . import _stack
 from ._backend import Host
 from ._policy import Policy
 from ._snapshot import CURRENT_ORIGIN, Snapshot
-from ._walk import WalkBackend
 
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from typing import Any, Callable, Optional
+
     from ._backend import Backend
 
 
@@ -116,6 +117,8 @@ def _walker() -> Any:
     global _default_walk
     walker = _default_walk
     if walker is None:
+        from ._walk import WalkBackend  # (here: start-up with a tracking backend never needs it)
+
         walker = _default_walk = WalkBackend(Policy("user"), _WALK_HOST)
     return walker
 

@@ -8,9 +8,12 @@ from __future__ import annotations
 import io
 import os
 import sys
-from typing import IO, Optional
 
 from ._settings import env_color
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import IO, Optional
 
 
 class ANSI:

@@ -6,9 +6,8 @@ reasons a backend is (not) available can be listed by ``python -m monstack info`
 
 from __future__ import annotations
 
-import platform
+import os
 import sys
-import sysconfig
 
 PYVERSION: tuple[int, int, int] = sys.version_info[:3]
 IMPLEMENTATION: str = sys.implementation.name
@@ -17,13 +16,40 @@ CPYTHON: bool = IMPLEMENTATION == "cpython"
 #: PEP 669 ``sys.monitoring`` exists (CPython 3.12+).
 HAS_SYSMON: bool = hasattr(sys, "monitoring")
 
+
+def config_var(name: str) -> object:
+    """``sysconfig.get_config_var(name)`` for a build-time variable, without importing
+    ``sysconfig`` (which imports ``threading``, ~1-2 ms at start-up): the interpreter's
+    ``_sysconfigdata`` module is what ``sysconfig`` reads those from."""
+    try:
+        data = __import__(os.environ.get(
+            "_PYTHON_SYSCONFIGDATA_NAME",
+            f"_sysconfigdata_{sys.abiflags}_{sys.platform}_{getattr(sys.implementation, '_multiarch', '')}",
+        ))
+        return data.build_time_vars.get(name)
+    except Exception:  # not POSIX, or an unusual layout: ask sysconfig itself
+        import sysconfig
+
+        return sysconfig.get_config_var(name)
+
+
+def _machine() -> str:
+    try:  # what platform.machine() returns on POSIX, without importing platform
+        return os.uname().machine
+    except AttributeError:  # pragma: no cover (Windows)
+        import platform
+
+        return platform.machine()
+
+
 #: A free-threaded ("3.13t") build: no GIL, so native code written for the GIL is refused.
-FREE_THREADED: bool = bool(sysconfig.get_config_var("Py_GIL_DISABLED"))
+#: (``sys.abiflags`` has a "t" exactly when ``Py_GIL_DISABLED`` is set.)
+FREE_THREADED: bool = (
+    "t" in sys.abiflags if hasattr(sys, "abiflags") else bool(config_var("Py_GIL_DISABLED"))
+)
 
 #: ``x86_64`` / ``aarch64`` (normalised), for choosing stored machine code.
-MACHINE: str = {"amd64": "x86_64", "arm64": "aarch64"}.get(
-    platform.machine().lower(), platform.machine().lower()
-)
+MACHINE: str = {"amd64": "x86_64", "arm64": "aarch64"}.get(_machine().lower(), _machine().lower())
 LINUX: bool = sys.platform.startswith("linux")
 POINTER_BITS: int = 64 if sys.maxsize > 2**32 else 32
 #: A debug build (``--with-pydebug``: reference-count debugging changes object layouts).
@@ -35,15 +61,29 @@ NATIVE_CALLBACK_VERSIONS: tuple[tuple[int, int], ...] = ((3, 12), (3, 13), (3, 1
 #: Built with the tail-calling interpreter (3.14+, ``--with-tail-call-interp``; the config
 #: variable is ``Py_TAIL_CALL_INTERP`` in 3.14, ``_Py_TAIL_CALL_INTERP`` in 3.15). The
 #: native callbacks were tested only with the classic interpreter (switch-based
-#: ``_PyEval_EvalFrameDefault``): refused on such a build.
-TAIL_CALL_INTERP: bool = bool(
-    sysconfig.get_config_var("Py_TAIL_CALL_INTERP") or sysconfig.get_config_var("_Py_TAIL_CALL_INTERP")
-)
+#: ``_PyEval_EvalFrameDefault``): refused on such a build. Computed when first read
+#: (module ``__getattr__``): reading the build's variables costs ~0.6 ms, and only the
+#: native path of 3.14+ needs them.
+TAIL_CALL_INTERP: bool
+
+
+def __getattr__(name: str) -> object:
+    if name == "TAIL_CALL_INTERP":
+        value = PYVERSION[:2] >= (3, 14) and bool(
+            config_var("Py_TAIL_CALL_INTERP") or config_var("_Py_TAIL_CALL_INTERP")
+        )
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 #: The experimental JIT (3.14+) is on in this process (``PYTHON_JIT=1`` with a build that
 #: has it; decided at startup). Code whose events ``sys.monitoring`` delivers is not
 #: JIT-compiled; filtered code (its events disabled) is, and calls tracked code from
 #: JIT code: the native callbacks are tested with it on.
 JIT_ENABLED: bool = bool(getattr(getattr(sys, "_jit", None), "is_enabled", lambda: False)())
+
+#: ``ctypes`` imports ``sysconfig`` at its top (3.14 only: for Cygwin; 3.15 imports it
+#: lazily), and ``sysconfig`` imports ``threading``.
+CTYPES_IMPORTS_SYSCONFIG: bool = PYVERSION[:2] == (3, 14)
 
 #: ``traceback.TracebackException.format(colorize=...)`` exists (3.13+).
 COLORIZED_TRACEBACKS: bool = PYVERSION[:2] >= (3, 13)

@@ -7,7 +7,6 @@ nothing of monstack's.
 from __future__ import annotations
 
 import sys
-import warnings
 
 
 class MonstackWarning(RuntimeWarning):
@@ -18,6 +17,8 @@ def warn(message: str) -> None:
     """A ``MonstackWarning`` attributed to the caller; a line on stderr where
     warnings are errors (``-W error``): never raises."""
     try:
+        import warnings  # here: start-up imports it only to say something
+
         warnings.warn(MonstackWarning(message), stacklevel=2)
     except Exception:
         try:
@@ -36,6 +37,8 @@ def warn_once(message: str) -> None:
         return
     _said.add(message)
     try:
+        import warnings
+
         warnings.warn_explicit(f"monstack: {message}", MonstackWarning, "<monstack start-up>", 0, module="monstack")
     except Exception:
         try:

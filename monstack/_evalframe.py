@@ -21,19 +21,22 @@ Two parts:
 
 from __future__ import annotations
 
+import _thread
 import ctypes
-import dis
 import os
 import sys
-import threading
 from types import CodeType, FrameType
-from typing import Any, Callable, Dict, List, Optional
 
 from . import _env, _stack
 from . import _native as _loader
-from ._backend import Host
 from ._errors import warn
 from ._policy import Policy
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Callable, Dict, List, Optional
+
+    from ._backend import Host
 
 #: The blob's name (manifest ``monstack/_native/evalframe311.json``).
 BLOB = "evalframe311"
@@ -195,7 +198,9 @@ def _probe_with(mem: "_SafeMemory", off: Dict[str, int]) -> List[str]:
     check("owner_generator", _rd_u8(gen_if + off["if_owner"]) == off["owner_generator"])
 
     # code objects: adaptive code of a never-run code object is its co_code
-    fresh = compile("x = [i for i in range(3)]\n", "<monstack-probe>", "exec")
+    # (a fresh code object, not compile(): the first compile() of a process builds the
+    # AST types, ~3 ms of start-up)
+    fresh = _probe_code_extra.__code__.replace()
     raw = mem.bytes(id(fresh) + off["co_code_adaptive"], len(fresh.co_code))
     check("co_code_adaptive", raw == fresh.co_code)
 
@@ -207,8 +212,10 @@ def _probe_with(mem: "_SafeMemory", off: Dict[str, int]) -> List[str]:
 
         return inner_fn
 
-    check("op_yield_value", off["op_yield_value"] == dis.opmap["YIELD_VALUE"])
-    resume = dis.opmap["RESUME"]
+    from opcode import opmap  # (not dis: it imports much more)
+
+    check("op_yield_value", off["op_yield_value"] == opmap["YIELD_VALUE"])
+    resume = opmap["RESUME"]
     for code in (outer_fn.__code__, outer_fn().__code__, gen.__code__):
         ops = code.co_code[::2]
         expected = ops.index(resume) if resume in ops else -1
@@ -258,9 +265,21 @@ def _probe_with(mem: "_SafeMemory", off: Dict[str, int]) -> List[str]:
             sys.settrace(None)
         seen.append(mem.read_int(t + off["ts_id"], 8) == ts_id(t))
 
-    th = threading.Thread(target=thread_body, name="monstack-probe")
-    th.start()
-    th.join()
+    # A bare thread (not threading's: nothing of monstack imports threading before the
+    # program does), joined through a lock its body releases last.
+    done = _thread.allocate_lock()
+    done.acquire()
+
+    def probe_thread() -> None:
+        try:
+            thread_body()
+        except Exception:  # the checks below report what is missing
+            pass
+        finally:
+            done.release()
+
+    _thread.start_new_thread(probe_thread, ())
+    done.acquire()
     check("ts_tracing", seen[:2] == [0, 1], f"read {seen[:2]}")
     check("ts_id (second thread)", seen[2:] == [True])
     return problems
@@ -268,7 +287,7 @@ def _probe_with(mem: "_SafeMemory", off: Dict[str, int]) -> List[str]:
 
 def _probe_code_extra(off: Dict[str, int], index: int) -> List[str]:
     set_extra = _api_fn("_PyCode_SetExtra", ctypes.c_int, ctypes.py_object, ctypes.c_ssize_t, ctypes.c_void_p)
-    code = compile("pass", "<monstack-probe-extra>", "exec")
+    code = _probe_code_extra.__code__.replace()
     if set_extra(code, index, 0x5A5A5A5A) != 0:
         return ["_PyCode_SetExtra failed"]
     mem = _SafeMemory()
@@ -325,7 +344,7 @@ class _Native:
 
 
 _native: Optional[_Native] = None
-_native_lock = threading.Lock()
+_native_lock = _thread.allocate_lock()
 
 
 def _static_reason() -> Optional[str]:

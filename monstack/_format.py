@@ -7,11 +7,12 @@ to let :mod:`monstack._colorize` decide for the stream).
 
 from __future__ import annotations
 
-import linecache
-from typing import IO, Any, Iterable, Optional, Sequence, Union
-
 from . import _env
 from ._colorize import ANSI, resolve
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import IO, Any, Iterable, Optional, Sequence, Union
 
 #: Identical consecutive frames shown before "[Previous line repeated N more times]".
 RECURSIVE_CUTOFF = 3
@@ -24,6 +25,8 @@ def source_line(filename: str, lineno: Optional[int]) -> str:
     if not lineno:
         return ""
     try:
+        import linecache  # here: on 3.11 it imports tokenize (start-up never needs it)
+
         return linecache.getline(filename, lineno).strip()
     except Exception:  # a loader that raises, a file that vanished mid-read, ...
         return ""

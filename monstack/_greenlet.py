@@ -25,9 +25,12 @@ docs/known-gaps.md).
 from __future__ import annotations
 
 import sys
-from typing import Any, Optional
 
 from . import _stack
+
+TYPE_CHECKING = False  # (no typing import at start-up)
+if TYPE_CHECKING:
+    from typing import Any, Optional
 
 #: The trace function in place (ours), the one it replaced, the thread it was set on.
 #: ``_live``: the trace function that swaps cells (one left on another thread's greenlet

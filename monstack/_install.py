@@ -8,15 +8,18 @@ into, and starts the propagation points.
 
 from __future__ import annotations
 
-import threading
-from typing import Any, Optional, Sequence
+import _thread
 
 from . import _capture, _propagate, _select
 from ._backend import Host
 from ._errors import warn
 from ._policy import make_policy
 
-_lock = threading.RLock()
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Optional, Sequence
+
+_lock = _thread.RLock()
 _failure_reported = False
 #: Hooks run after a backend starts / before it stops (propagation, logging, ...).
 _start_hooks: list = []

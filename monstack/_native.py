@@ -24,15 +24,43 @@ Only ``ctypes`` is needed: no compiler on the user's machine. Users (``_accel``,
 
 from __future__ import annotations
 
-import ctypes
-import json
-import mmap
+import _thread
 import os
 import sys
-import threading
-from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from . import _env
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Callable, Dict, List, Optional, Tuple
+
+
+class _SysconfigOnDemand(type(sys)):  # type: ignore[misc]
+    """Stands in for ``sysconfig`` while ``ctypes`` is imported (3.14, whose ctypes
+    imports sysconfig for Cygwin alone, and sysconfig imports threading: a program that
+    checks threading is not imported yet would see it). Any use of it imports the real
+    module and answers from there."""
+
+    def __getattr__(self, name: str) -> Any:
+        if sys.modules.get("sysconfig") is self:
+            del sys.modules["sysconfig"]
+        return getattr(__import__("sysconfig"), name)
+
+
+def _import_ctypes() -> None:
+    if not _env.CTYPES_IMPORTS_SYSCONFIG or "ctypes" in sys.modules or "sysconfig" in sys.modules:
+        return
+    stand_in = _SysconfigOnDemand("sysconfig")
+    sys.modules["sysconfig"] = stand_in
+    try:
+        import ctypes  # noqa: F401 (ctypes keeps the stand-in as its ``_sysconfig``)
+    finally:
+        if sys.modules.get("sysconfig") is stand_in:
+            del sys.modules["sysconfig"]
+
+
+_import_ctypes()
+import ctypes  # noqa: E402 (after _import_ctypes)
 
 NATIVE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_native")
 #: The manifest format this loader reads (``native/build.py`` writes it).
@@ -44,11 +72,13 @@ METH_NOARGS = 0x0004
 METH_O = 0x0008
 METH_FASTCALL = 0x0080
 
-_PROT_READ = getattr(mmap, "PROT_READ", 1)
-_PROT_WRITE = getattr(mmap, "PROT_WRITE", 2)
-_PROT_EXEC = getattr(mmap, "PROT_EXEC", 4)
-_MAP_PRIVATE = getattr(mmap, "MAP_PRIVATE", 2)
-_MAP_ANONYMOUS = getattr(mmap, "MAP_ANONYMOUS", 0x20)
+#: Linux's mmap/mprotect constants (the same on x86-64 and aarch64; a test checks them
+#: against the ``mmap`` module, which is not imported for these alone).
+_PROT_READ = 1
+_PROT_WRITE = 2
+_PROT_EXEC = 4
+_MAP_PRIVATE = 2
+_MAP_ANONYMOUS = 0x20
 
 
 class NativeUnavailable(RuntimeError):
@@ -71,7 +101,7 @@ class PyMethodDef(ctypes.Structure):
 
 #: Everything that must live as long as the process: mappings, method defs, names.
 _FOREVER: List[Any] = []
-_lock = threading.Lock()
+_lock = _thread.allocate_lock()
 _loaded: Dict[str, "Blob"] = {}
 
 
@@ -142,8 +172,8 @@ def read_manifest(name: str) -> dict:
     """The manifest of blob ``name`` (format checked)."""
     path = manifest_path(name)
     try:
-        with open(path) as f:
-            manifest = json.load(f)
+        with open(path, encoding="utf-8") as f:
+            manifest = parse_json(f.read())
     except FileNotFoundError:
         raise NativeUnavailable(f"no native code for this platform ({name} not shipped)") from None
     except (OSError, ValueError) as exc:
@@ -152,6 +182,43 @@ def read_manifest(name: str) -> dict:
         got = manifest.get("format") if isinstance(manifest, dict) else None
         raise NativeUnavailable(f"{name}: unknown manifest format {got!r}")
     return manifest
+
+
+class _ScanContext:
+    """What ``_json.make_scanner`` reads from a ``json.JSONDecoder``: the defaults (any
+    hook a later version adds is None, its default, too)."""
+
+    strict = True
+    object_hook = None
+    object_pairs_hook = None
+    parse_float = float
+    parse_int = int
+    parse_constant = None
+
+    def __getattr__(self, name: str) -> None:
+        return None
+
+
+def parse_json(text: str) -> Any:
+    """``json.loads(text)`` through the C scanner ``json`` itself uses, without importing
+    ``json`` (which imports ``re``: ~1.5 ms of start-up for one manifest); ``json``
+    where that scanner is missing or refuses the context."""
+    try:
+        from _json import make_scanner
+
+        scan = make_scanner(_ScanContext())  # type: ignore[arg-type]  # (a decoder's attributes are all it reads)
+    except Exception:  # pragma: no cover (no C accelerator here)
+        import json
+
+        return json.loads(text)
+    start = len(text) - len(text.lstrip(" \t\n\r"))
+    try:
+        value, end = scan(text, start)
+    except StopIteration:
+        raise ValueError("not a JSON document") from None
+    if text[end:].strip(" \t\n\r"):
+        raise ValueError(f"extra data after the JSON document (at {end})")
+    return value
 
 
 def arch_entry(name: str, manifest: Optional[dict] = None) -> Tuple[dict, dict]:
@@ -181,10 +248,26 @@ def read_image(name: str, manifest: Optional[dict] = None) -> Tuple[dict, dict, 
     return manifest, info, image
 
 
+try:
+    from _ctypes import dlsym as _dlsym  # POSIX
+except ImportError:  # pragma: no cover (Windows)
+    _dlsym = None  # type: ignore[assignment]
+
+
 def resolve(entry: str) -> int:
     """Address for one table slot (``f:``/``o:``/``p:`` + symbol), from the running Python."""
     kind, _, sym = entry.partition(":")
     api = ctypes.pythonapi
+    if _dlsym is not None:  # the same lookup ctypes.pythonapi.<sym> makes, without a function object per symbol
+        try:
+            address = _dlsym(api._handle, sym)
+        except OSError as exc:
+            raise NativeUnavailable(f"the interpreter does not export {sym} ({exc})") from None
+        if kind in ("f", "o"):
+            return address or 0
+        if kind == "p":
+            return ctypes.c_void_p.from_address(address).value or 0 if address else 0
+        raise NativeUnavailable(f"bad table entry {entry!r}")
     try:
         if kind == "f":
             return ctypes.cast(getattr(api, sym), ctypes.c_void_p).value or 0
@@ -233,7 +316,7 @@ def load_copy(name: str, manifest: Optional[dict] = None) -> Blob:
     if not sys.platform.startswith("linux"):
         raise NativeUnavailable(f"native code is built for Linux only (this is {sys.platform})")
     manifest, info, image = read_image(name, manifest)
-    page = mmap.PAGESIZE
+    page = os.sysconf("SC_PAGE_SIZE")
     code_span = -(-len(image) // page) * page
     data = info.get("data")
     total = code_span

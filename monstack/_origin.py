@@ -14,15 +14,18 @@ keeps its origin in a side table; hostile ``__str__``/``__repr__`` never stop a 
 from __future__ import annotations
 
 import sys
-import weakref
-from contextvars import Context
-from typing import IO, Any, Callable, Optional, TypeVar
+from _contextvars import Context
+from _weakref import ref as _weakref
 
 from . import _capture, _format
 from ._colorize import resolve
 from ._snapshot import CURRENT_ORIGIN, Snapshot
 
-_T = TypeVar("_T")
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import IO, Any, Callable, Optional, TypeVar
+
+    _T = TypeVar("_T")
 
 #: Attribute holding an exception's origin (also travels with a pickled exception).
 ORIGIN_ATTR = "__monstack_origin__"
@@ -433,7 +436,7 @@ def _side_put(exc: BaseException, snap: Snapshot) -> None:
             _SIDE.pop(key, None)
 
     try:
-        ref = weakref.ref(exc, _forget)
+        ref = _weakref(exc, _forget)
     except TypeError:  # pragma: no cover - every BaseException supports weak references
         return
     _SIDE[key] = (ref, snap)

@@ -15,11 +15,14 @@ from __future__ import annotations
 
 import os
 import sys
-import sysconfig
-from types import CodeType
-from typing import Iterable, Sequence
 
+from . import _env
 from ._settings import TRACK_CHOICES
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from types import CodeType
+    from typing import Iterable, Sequence
 
 _MONSTACK_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
@@ -30,7 +33,31 @@ def _norm_dir(path: str) -> str:
 
 
 def library_dirs() -> list[str]:
-    """Directories of the standard library and of installed third-party packages."""
+    """Directories of the standard library and of installed third-party packages.
+
+    On POSIX, the directories ``sysconfig.get_paths()`` gives for its ``posix_prefix``
+    and ``venv`` schemes, computed from ``sys`` without importing ``sysconfig`` (which
+    imports ``threading``: ~1-2 ms of start-up, and a program that checks threading is
+    not imported yet would see it); a test checks they agree. Elsewhere, ``sysconfig``.
+    """
+    if os.name != "posix":  # pragma: no cover (Windows)
+        return _library_dirs_sysconfig()
+    dirs: set[str] = set()
+    lib = f"python{sys.version_info[0]}.{sys.version_info[1]}{'t' if _env.FREE_THREADED else ''}"
+    platlibdir = getattr(sys, "platlibdir", "lib")
+    dirs.add(_norm_dir(os.path.join(sys.base_prefix, platlibdir, lib)))  # stdlib
+    for prefix in {sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix}:  # platstdlib
+        dirs.add(_norm_dir(os.path.join(prefix, platlibdir, lib)))
+    dirs.add(_norm_dir(os.path.join(sys.prefix, "lib", lib, "site-packages")))  # purelib
+    dirs.add(_norm_dir(os.path.join(sys.exec_prefix, platlibdir, lib, "site-packages")))  # platlib
+    _add_site_dirs(dirs)
+    return sorted(dirs)
+
+
+def _library_dirs_sysconfig() -> list[str]:
+    """``library_dirs()`` as ``sysconfig`` says them (non-POSIX systems; and the tests)."""
+    import sysconfig
+
     dirs: set[str] = set()
     for scheme_key in ("stdlib", "platstdlib", "purelib", "platlib"):
         p = sysconfig.get_paths().get(scheme_key)
@@ -45,6 +72,11 @@ def library_dirs() -> list[str]:
         for scheme_key in ("stdlib", "platstdlib"):
             if paths.get(scheme_key):
                 dirs.add(_norm_dir(paths[scheme_key]))
+    _add_site_dirs(dirs)
+    return sorted(dirs)
+
+
+def _add_site_dirs(dirs: set[str]) -> None:
     try:
         import site
 
@@ -52,7 +84,6 @@ def library_dirs() -> list[str]:
             dirs.add(_norm_dir(p))
     except Exception:  # pragma: no cover - site without these helpers (some embedders)
         pass
-    return sorted(dirs)
 
 
 class Policy:

@@ -50,16 +50,21 @@ The snapshot is the only cost on the creating side (O(1) with a tracking backend
 
 from __future__ import annotations
 
-import functools
 import sys
-import threading
-from typing import Any, Callable, Optional
 
 from . import _greenlet, _snapshot
 from ._errors import warn
 from ._origin import _attach_if_absent, _drop_own_entry, _snap, _WithOrigin
 from ._settings import PROPAGATION_POINTS
 from ._snapshot import CURRENT_ORIGIN
+
+# Nothing here imports ``threading`` (or ``typing``, ``functools``...) at start-up: a
+# program that must run before threading is imported (gevent's monkey-patching, say)
+# still can under MONSTACK=1; the ``threading`` point is patched when it is imported.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import threading
+    from typing import Any, Callable, Optional
 
 #: Points switched on now (read by the replacements on every call).
 _ON: set = set()
@@ -164,11 +169,27 @@ def _patch(owner: Any, attr: str, make: Callable[[Any], Any], inherited: bool = 
         original = owner.__dict__[attr]
     replacement = make(original)
     try:
-        functools.update_wrapper(replacement, original)
+        _update_wrapper(replacement, original)
     except Exception:
         pass
     setattr(owner, attr, replacement)
     _PATCHES.append((owner, attr, original, replacement))
+
+
+def _update_wrapper(wrapper: Any, wrapped: Any) -> None:
+    """``functools.update_wrapper``; without importing functools before the program does
+    (``_thread``'s patch, at start-up, is on builtins: there it copies the same)."""
+    functools = sys.modules.get("functools")
+    if functools is not None:
+        functools.update_wrapper(wrapper, wrapped)
+        return
+    for attr in ("__module__", "__name__", "__qualname__", "__doc__"):
+        try:
+            setattr(wrapper, attr, getattr(wrapped, attr))
+        except AttributeError:
+            pass
+    wrapper.__dict__.update(getattr(wrapped, "__dict__", {}))
+    wrapper.__wrapped__ = wrapped
 
 
 def _take() -> Optional[Any]:
@@ -198,7 +219,7 @@ def _apply_threading() -> None:
         return start
 
     # (inherited: under gevent's monkey.patch_all(), threading.Thread is gevent's subclass)
-    _patch(threading.Thread, "start", make, inherited=True)
+    _patch(sys.modules["threading"].Thread, "start", make, inherited=True)
 
 
 def _bind_thread(thread: threading.Thread) -> Optional[tuple]:

@@ -7,11 +7,12 @@ backend says why it cannot run through ``unavailable()`` (see ``_backend.Backend
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional
-
 from ._settings import BACKEND_CHOICES, BACKEND_ENV, env_backend
 
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from typing import Optional
+
     from ._backend import Backend
 
 AUTO_ORDER = ("monitoring", "evalframe", "walk")

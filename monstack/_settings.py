@@ -6,13 +6,16 @@ colour decision all read the environment through here. Every variable is one row
 row. Bad values never raise here at start-up: they become messages naming the variable
 and its valid values.
 
-Imports only ``os`` and ``typing``: this runs at interpreter start-up under ``MONSTACK=1``.
+Imports only ``os``: this runs at interpreter start-up under ``MONSTACK=1``.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Mapping, MutableMapping, NamedTuple, Optional
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Callable, Mapping, MutableMapping, Optional
 
 #: Backends ``install(backend=...)`` and ``MONSTACK_BACKEND`` accept.
 BACKEND_CHOICES: tuple[str, ...] = ("auto", "monitoring", "evalframe", "walk")
@@ -146,25 +149,42 @@ def _parse_accelerator(text: str) -> Optional[bool]:
     raise BadValue("auto, 1/true/yes/on (require the native callbacks), 0/false/no/off")
 
 
-class Setting(NamedTuple):
+class Setting:
     """One ``MONSTACK_*`` variable: how to read it and which ``install()`` keyword it feeds.
 
-    (A NamedTuple, not a dataclass: ``dataclasses`` imports ``inspect``, ~10 ms at start-up.)
+    (A plain class: a dataclass would import ``inspect``, a NamedTuple ``typing``, at
+    start-up.)
     """
 
-    var: str
-    #: The ``install()`` keyword it sets, or None for settings read elsewhere (colour).
-    option: Optional[str]
-    parse: Callable[[str], Any]
-    #: The accepted values, as the warning and the README say them.
-    valid: str
-    #: What applies when the variable is unset or bad.
-    default: str
-    doc: str
-    #: ``python -m monstack run`` option that sets this variable (None: no option).
-    flag: Optional[str] = None
-    #: The flag may repeat; its values are joined with commas.
-    repeat: bool = False
+    __slots__ = ("var", "option", "parse", "valid", "default", "doc", "flag", "repeat")
+
+    def __init__(
+        self,
+        var: str,
+        option: Optional[str],
+        parse: Callable[[str], Any],
+        valid: str,
+        default: str,
+        doc: str,
+        flag: Optional[str] = None,
+        repeat: bool = False,
+    ) -> None:
+        self.var = var
+        #: The ``install()`` keyword it sets, or None for settings read elsewhere (colour).
+        self.option = option
+        self.parse = parse
+        #: The accepted values, as the warning and the README say them.
+        self.valid = valid
+        #: What applies when the variable is unset or bad.
+        self.default = default
+        self.doc = doc
+        #: ``python -m monstack run`` option that sets this variable (None: no option).
+        self.flag = flag
+        #: The flag may repeat; its values are joined with commas.
+        self.repeat = repeat
+
+    def __repr__(self) -> str:
+        return f"Setting({self.var!r}, option={self.option!r}, flag={self.flag!r})"
 
 
 #: Every variable monstack reads at start-up, in the order the README lists them.

@@ -8,12 +8,18 @@ bounded. A pickled snapshot travels as plain ``(filename, lineno, name, ...)`` r
 
 from __future__ import annotations
 
-import contextvars
-import traceback
-from types import CodeType
-from typing import Any, Iterator, Optional, Tuple
+from _contextvars import ContextVar
 
 from . import _stack
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import traceback
+    from types import CodeType
+    from typing import Any, Iterator, Optional, Tuple
+
+    #: One frame as plain data: filename, lineno, name, end_lineno, colno, end_colno.
+    FrameRecord = Tuple[str, Optional[int], str, Optional[int], Optional[int], Optional[int]]
 
 #: Per-code cache of ``co_positions()``: id(code) -> (code, positions). Holding the
 #: code keeps its id from being reused while cached; the cap keeps memory bounded.
@@ -22,7 +28,7 @@ POSITIONS_CACHE_SIZE = 2048
 
 #: The snapshot of where the work now running was created (see ``monstack.origin``).
 #: Each thread and asyncio task has its own; ``snapshot()`` links new snapshots to it.
-CURRENT_ORIGIN: "contextvars.ContextVar[Optional[Snapshot]]" = contextvars.ContextVar(
+CURRENT_ORIGIN: "ContextVar[Optional[Snapshot]]" = ContextVar(
     "monstack_current_origin", default=None
 )
 
@@ -49,10 +55,6 @@ def set_chain_limit(limit: int) -> None:
     CHAIN_LIMIT = limit
     _SHORTEN_AT = 2 * limit
     _SHORTEN_CELL[0] = _SHORTEN_AT
-
-
-#: One frame as plain data: filename, lineno, name, end_lineno, colno, end_colno.
-FrameRecord = Tuple[str, Optional[int], str, Optional[int], Optional[int], Optional[int]]
 
 
 def _positions(code: CodeType) -> list:
@@ -198,6 +200,8 @@ class Snapshot(tuple):
     @property
     def frames(self) -> traceback.StackSummary:
         """The frames as a ``traceback.StackSummary``, outermost first (like ``extract_stack()``)."""
+        import traceback
+
         return traceback.StackSummary.from_list(
             [
                 traceback.FrameSummary(

@@ -28,13 +28,17 @@ install, or started since). Native backends share exactly this structure.
 from __future__ import annotations
 
 import _thread
-from types import CodeType, FrameType
-from typing import TYPE_CHECKING, Any, Callable, Optional, Tuple
 
 from . import _env
 
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from types import CodeType, FrameType
+    from typing import Any, Callable, Optional, Tuple
+
     from ._policy import Policy
+
+    Node = Tuple[CodeType, Optional["Node"], int]  # type: ignore[misc]
 
 #: ``parent_lasti`` of a node whose call site has not been looked up yet.
 UNKNOWN = -1
@@ -44,8 +48,6 @@ UNKNOWN = -1
 #: (inspect.CO_GENERATOR | CO_COROUTINE | CO_ITERABLE_COROUTINE | CO_ASYNC_GENERATOR, without
 #: importing inspect at start-up; tests check the values.)
 SUSPENDABLE = 0x20 | 0x80 | 0x100 | 0x200
-
-Node = Tuple[CodeType, Optional["Node"], int]  # type: ignore[misc]
 
 # Where a generator frame linked in by gen.throw() sits (see _env.DELEGATION_OP).
 _RESUME_AFTER_YIELD = _env.RESUME_AFTER_YIELD

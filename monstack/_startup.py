@@ -13,10 +13,12 @@ child processes through the same variables.
 
 from __future__ import annotations
 
-from typing import Mapping, Optional
-
 from ._errors import warn_once as warn
 from ._settings import ENABLE_VAR, Config, read_env
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Mapping, Optional
 
 #: The result of the first :func:`boot` from ``os.environ`` in this process (a list so
 #: "not booted yet" is distinguishable from "booted, monstack off").

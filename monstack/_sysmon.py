@@ -16,12 +16,16 @@ from __future__ import annotations
 import _thread
 import sys
 from types import CodeType, FrameType
-from typing import Any, Callable, Optional
 
 from . import _env, _stack
-from ._backend import Host
 from ._policy import Policy
 from ._settings import env_accelerator_off
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Callable, Optional
+
+    from ._backend import Host
 
 #: Tool ids tried in order. 0-2 are the conventional ids of debuggers, coverage
 #: tools and profilers: monstack takes them only when 3-5 are all held.

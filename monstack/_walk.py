@@ -7,12 +7,14 @@ compares against. A snapshot costs O(depth) but produces the same nodes.
 from __future__ import annotations
 
 from types import FrameType
-from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from . import _stack
 from ._policy import Policy
 
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from typing import Any, Callable, Optional
+
     from ._backend import Host
     from ._snapshot import Snapshot
 
