@@ -11,15 +11,19 @@ them), a fresh venv gets monstack from a wheel built once from a copy of this ch
   and the median times, for the wall clock and for the child's CPU time (user + system,
   which moves less with the load of a shared machine);
 - **install()**: in one process, the time of ``import monstack`` and of
-  ``monstack.install()`` (median of the rounds; ``MONSTACK`` unset);
+  ``monstack.install()`` (``MONSTACK`` unset; the best of the rounds: a one-off cost,
+  which a busy machine only ever inflates);
 - **-X importtime**: the modules ``MONSTACK=1`` adds to ``python -c pass`` with their
-  self time (top entries) and the sum of the added modules' self times (median of 5 runs
+  self time (top entries) and the sum of the added modules' self times (best of 5 runs
   per module);
+- with ``--valgrind``: instructions executed (``valgrind --tool=cachegrind``) by
+  ``python -c pass`` without and with ``MONSTACK=1``, and their ratio: the figure that
+  does not move with the machine's load;
 - the backend and whether the native path (3.12+ native callbacks, 3.11 shim) loaded.
 
 ::
 
-    python3 bench/startup_cost.py [--rounds 15] [--json] [PYTHON ...]
+    python3 bench/startup_cost.py [--rounds 15] [--valgrind] [--json] [PYTHON ...]
 
 Needs network or a local index for nothing: the wheel is built with the running
 interpreter's pip (``--no-build-isolation`` when setuptools is importable here).
@@ -128,7 +132,7 @@ def importtime(vpy: str, env: dict[str, str]) -> dict[str, int]:
     return out
 
 
-def measure(vpy: str, rounds: int) -> dict:
+def measure(vpy: str, rounds: int, valgrind: bool = False) -> dict:
     off, on = clean_env(), clean_env(MONSTACK="1")
     backend, native = run([vpy, "-c", STATUS], env=on).stdout.split(None, 1)
     cmd = [vpy, "-c", "pass"]
@@ -144,6 +148,13 @@ def measure(vpy: str, rounds: int) -> dict:
         t_on.append(pair["on"][0])
         c_off.append(pair["off"][1])
         c_on.append(pair["on"][1])
+    instructions = {}
+    if valgrind:
+        for mode, env in (("off", off), ("on", on)):
+            err = run(["valgrind", "--tool=cachegrind", "--cache-sim=no", "--cachegrind-out-file=/dev/null", *cmd],
+                      env=env).stderr
+            refs = [line for line in err.splitlines() if "I" in line and "refs:" in line]
+            instructions[mode] = int(refs[-1].split("refs:")[1].replace(",", "").strip())
     imports, installs = [], []
     for _ in range(rounds):
         a, b = map(float, run([vpy, "-c", INSTALL_TIME], env=off).stdout.split())
@@ -156,7 +167,7 @@ def measure(vpy: str, rounds: int) -> dict:
         for name, us in with_ms.items():
             if name not in base:
                 added.setdefault(name, []).append(us)
-    added_med = {k: statistics.median(v) for k, v in added.items()}
+    added_med = {k: min(v) for k, v in added.items()}
     return {
         "python": run([vpy, "-c", "import sys; print(sys.version.split()[0])"]).stdout.strip(),
         "backend": backend,
@@ -171,8 +182,9 @@ def measure(vpy: str, rounds: int) -> dict:
         "cpu_ratio_max": max(cpu_ratios),
         "cpu_ms_off": 1000 * statistics.median(c_off),
         "cpu_ms_on": 1000 * statistics.median(c_on),
-        "import_ms": 1000 * statistics.median(imports),
-        "install_ms": 1000 * statistics.median(installs),
+        "import_ms": 1000 * min(imports),
+        "install_ms": 1000 * min(installs),
+        "instructions": instructions,
         "added_modules": len(added_med),
         "added_self_ms": sum(added_med.values()) / 1000,
         "top": sorted(added_med.items(), key=lambda kv: -kv[1])[:8],
@@ -184,6 +196,7 @@ def main() -> int:
     parser.add_argument("pythons", nargs="*")
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--valgrind", action="store_true", help="also count instructions (needs valgrind)")
     args = parser.parse_args()
     pythons = args.pythons or find_pythons()
     results = []
@@ -191,7 +204,7 @@ def main() -> int:
         wheel = build_wheel(work)
         for python in pythons:
             vpy = make_venv(python, work, wheel)
-            r = measure(vpy, args.rounds)
+            r = measure(vpy, args.rounds, args.valgrind)
             results.append(r)
             if not args.json:
                 print(f"CPython {r['python']} ({r['backend']}, {r['native']}): MONSTACK=1 python -c pass = "
@@ -200,6 +213,9 @@ def main() -> int:
                       f"[{r['cpu_ratio_min']:.2f}-{r['cpu_ratio_max']:.2f}] ({r['cpu_ms_on']:.1f} vs "
                       f"{r['cpu_ms_off']:.1f} ms)")
                 print(f"  in-process: import monstack {r['import_ms']:.1f} ms, install() {r['install_ms']:.1f} ms")
+                if r["instructions"]:
+                    i = r["instructions"]
+                    print(f"  instructions: {i['on'] / i['off']:.2f}x ({i['on'] / 1e6:.1f}M vs {i['off'] / 1e6:.1f}M)")
                 print(f"  -X importtime: {r['added_modules']} modules added, {r['added_self_ms']:.1f} ms self time; top: "
                       + ", ".join(f"{name} {us / 1000:.2f}" for name, us in r["top"]))
                 sys.stdout.flush()

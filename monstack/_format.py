@@ -14,6 +14,10 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import IO, Any, Iterable, Optional, Sequence, Union
 
+#: ``linecache``, imported at the first source line read (on 3.11 it imports tokenize,
+#: which imports re: nothing start-up needs).
+linecache: Any = None
+
 #: Identical consecutive frames shown before "[Previous line repeated N more times]".
 RECURSIVE_CUTOFF = 3
 #: Default cap on frames shown; the middle of longer stacks is elided and counted.
@@ -24,9 +28,12 @@ def source_line(filename: str, lineno: Optional[int]) -> str:
     """The stripped source line, or "" when the file is gone or unreadable."""
     if not lineno:
         return ""
+    global linecache
     try:
-        import linecache  # here: on 3.11 it imports tokenize (start-up never needs it)
+        if linecache is None:
+            import linecache as module
 
+            linecache = module
         return linecache.getline(filename, lineno).strip()
     except Exception:  # a loader that raises, a file that vanished mid-read, ...
         return ""

@@ -270,3 +270,70 @@ def test_api_function_is_private_and_made_once():
 def test_icache_flush_is_available():
     buf = ctypes.create_string_buffer(256)
     _native._clear_icache(ctypes.addressof(buf), ctypes.addressof(buf) + 256)  # raises if it cannot
+
+
+# --------------------------------------------------------------------------- no json, no mmap
+
+@pytest.mark.parametrize("name", BLOBS)
+def test_manifests_read_without_json_equal_what_json_reads(name):
+    """read_manifest() parses with json's C scanner (json itself imports re at start-up)."""
+    with open(_native.manifest_path(name), encoding="utf-8") as f:
+        text = f.read()
+    assert _native.parse_json(text) == json.loads(text)
+    assert _native.read_manifest(name) == json.loads(text)
+
+
+@pytest.mark.parametrize("text", ['{"a": [1, -2.5, true, false, null, "\\u00e9\\n"]}', " [] ", "{}\n"])
+def test_parse_json_is_json(text):
+    assert _native.parse_json(text) == json.loads(text)
+
+
+@pytest.mark.parametrize("text", ["", "{", '{"a": 1} x', "{'a': 1}", "[1,]"])
+def test_parse_json_refuses_what_json_refuses(text):
+    with pytest.raises(ValueError):
+        json.loads(text)
+    with pytest.raises(ValueError):
+        _native.parse_json(text)
+
+
+def test_a_broken_manifest_is_refused_with_the_reason(tmp_path, monkeypatch):
+    (tmp_path / "broken.json").write_text('{"format": 2, "arches": ')
+    monkeypatch.setattr(_native, "NATIVE_DIR", str(tmp_path))
+    with pytest.raises(_native.NativeUnavailable, match="unreadable manifest"):
+        _native.read_manifest("broken")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the constants are Linux's")
+def test_mmap_constants_are_the_mmap_modules():
+    import mmap
+
+    assert (_native._PROT_READ, _native._PROT_WRITE, _native._PROT_EXEC) == (mmap.PROT_READ, mmap.PROT_WRITE, mmap.PROT_EXEC)
+    assert (_native._MAP_PRIVATE, _native._MAP_ANONYMOUS) == (mmap.MAP_PRIVATE, mmap.MAP_ANONYMOUS)
+    assert os.sysconf("SC_PAGE_SIZE") == mmap.PAGESIZE
+
+
+def test_table_slots_resolve_as_ctypes_resolves_them(monkeypatch):
+    """resolve() looks symbols up with _ctypes.dlsym; ctypes.pythonapi gives the same."""
+    entries = ["f:PyCapsule_New", "o:_Py_NoneStruct", "p:PyExc_TypeError"]
+    fast = [_native.resolve(e) for e in entries]
+    monkeypatch.setattr(_native, "_dlsym", None)
+    assert fast == [_native.resolve(e) for e in entries]
+    assert fast[1] == id(None) and fast[2] == id(TypeError)
+
+
+@pytest.mark.skipif(not _env.CTYPES_IMPORTS_SYSCONFIG, reason="this version's ctypes does not import sysconfig")
+def test_ctypes_is_imported_without_sysconfig_and_its_sysconfig_still_answers():
+    """3.14's ctypes imports sysconfig (which imports threading) at its top, for Cygwin
+    alone: _native imports it with a stand-in that imports the real one when used."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(_native.__file__)))
+    code = (
+        "import sys; sys.path.insert(0, %r); from monstack import _native; import ctypes; "
+        "print('sysconfig' in sys.modules, 'threading' in sys.modules); "
+        "print(ctypes._sysconfig.get_config_var('LDLIBRARY')); import sysconfig; "
+        "print(sysconfig.get_config_var('LDLIBRARY'), sys.modules['sysconfig'] is sysconfig)" % root
+    )
+    out = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0] == "False False"
+    assert lines[1] == lines[2].split()[0] and lines[2].endswith(" True")

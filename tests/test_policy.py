@@ -77,3 +77,27 @@ def test_unknown_track_raises_with_choices():
 
 def test_library_dirs_include_the_stdlib():
     assert any(os.path.dirname(json.__file__).startswith(d.rstrip(os.sep)) for d in library_dirs())
+
+
+def test_library_dirs_agree_with_sysconfig():
+    """library_dirs() computes sysconfig's directories without importing sysconfig."""
+    from monstack import _policy
+
+    assert library_dirs() == _policy._library_dirs_sysconfig()
+
+
+def test_library_dirs_agree_with_sysconfig_in_the_base_interpreter():
+    """... also outside a venv (the base interpreter: prefix == base_prefix)."""
+    import subprocess
+    import sys
+
+    base = getattr(sys, "_base_executable", None)
+    if sys.prefix == sys.base_prefix or not base or not os.path.exists(base):
+        pytest.skip("not running in a venv: this interpreter is the base one (checked above)")
+    root = os.path.dirname(os.path.dirname(monstack.__file__))
+    code = "from monstack import _policy as p; print(p.library_dirs() == p._library_dirs_sysconfig(), p.library_dirs())"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MONSTACK")}
+    env["PYTHONPATH"] = root
+    out = subprocess.run([base, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("True "), out.stdout

@@ -303,3 +303,157 @@ def test_checking_stored_machine_code_does_not_load_openssl():
     assert out.returncode == 0, out.stderr
     backend, loaded = out.stdout.split()
     assert backend == expected_backend() and loaded == "False"
+
+
+# -- what start-up imports (issue 24) ----------------------------------------------------------
+
+#: Modules monstack must not import at start-up (MONSTACK=1 -> install()) on any version:
+#: a program that must run before them (gevent's monkey-patching, a check that threading
+#: is not imported yet) behaves the same with and without monstack.
+NOT_AT_START_UP = ("threading", "asyncio", "logging", "typing", "json", "re", "traceback",
+                   "sysconfig", "platform")
+MODULES = "import sys; print(' '.join(sorted(sys.modules)))"
+
+
+def _modules(cmd: list[str], **env: str) -> set[str]:
+    out = subprocess.run(cmd, env=clean_env(**env), capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stderr == "", out.stderr
+    return set(out.stdout.split())
+
+
+def _added_by_boot(**env: str) -> tuple[set[str], str]:
+    """(modules boot() adds, backend) in a bare interpreter (-S: nothing but the interpreter's
+    own modules before it), with MONSTACK=1 and ``env``."""
+    code = (
+        "import sys; before = set(sys.modules); import monstack._startup as m; backend = m.boot(); "
+        "print(backend, ' '.join(sorted(set(sys.modules) - before)))"
+    )
+    out = subprocess.run([sys.executable, "-S", "-c", code], env=clean_env(MONSTACK="1", PYTHONPATH=str(REPO), **env),
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stderr == "", out.stderr
+    backend, *added = out.stdout.split()
+    return set(added), backend
+
+
+def test_start_up_imports_none_of_the_heavy_modules():
+    added, backend = _added_by_boot()
+    assert backend == expected_backend()
+    assert sorted(added & set(NOT_AT_START_UP)) == []
+    assert not [m for m in added if m.startswith(("asyncio.", "logging.", "json.", "re.", "concurrent", "multiprocessing"))]
+
+
+@pytest.mark.parametrize("env", [{"MONSTACK_BACKEND": "walk"}, {"MONSTACK_ACCELERATOR": "0"}])
+def test_ctypes_is_imported_only_where_native_code_loads(env):
+    added, backend = _added_by_boot(**env)
+    assert sorted(added & set(NOT_AT_START_UP)) == []
+    native = backend == "evalframe"  # the 3.11 shim is that backend's native code
+    assert ("ctypes" in added) == native, (backend, sorted(added))
+
+
+def test_monstack_1_adds_none_of_the_heavy_modules_to_python_c():
+    """Through the .pth line of this interpreter's environment (as a user runs it)."""
+    without = _modules([sys.executable, "-c", MODULES])
+    with_ = _modules([sys.executable, "-c", MODULES], MONSTACK="1")
+    assert "monstack" in with_ and "monstack" not in without
+    assert sorted((with_ - without) & set(NOT_AT_START_UP)) == []
+
+
+THREADING_FIRST = '''\
+import sys
+first = "threading" in sys.modules  # the program's first line: nothing imported it yet
+import monstack
+import threading
+
+def work():
+    raise ValueError("boom")
+
+caught = []
+threading.excepthook = lambda args: caught.append(args.exc_value)
+thread = threading.Thread(target=work)
+thread.start()  # the origin
+thread.join()
+notes = "\\n".join(getattr(caught[0], "__notes__", []))
+print(first, monstack.active_backend(), "Work created at" in notes, f'line {ORIGIN_LINE}, in <module>' in notes)
+'''
+
+
+def test_threading_is_not_imported_before_the_program_and_still_gets_origins(tmp_path):
+    source = THREADING_FIRST.replace("ORIGIN_LINE", str(THREADING_FIRST.splitlines().index("thread.start()  # the origin") + 1))
+    program = tmp_path / "prog.py"
+    program.write_text(source)
+    out = subprocess.run([sys.executable, str(program)], env=clean_env(MONSTACK="1"), capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0 and out.stderr == "", out.stderr
+    assert out.stdout.split() == ["False", expected_backend(), "True", "True"]
+
+
+AFTER_INSTALL = '''\
+import sys, warnings
+warnings.simplefilter("error")
+assert "threading" not in sys.modules
+import monstack
+from monstack import _propagate
+monstack.install()
+import threading  # patched as it is imported
+import concurrent.futures, asyncio, _thread
+
+def fail():
+    raise KeyError("x")
+
+def noted(exc):
+    return any("Work created at" in n for n in getattr(exc, "__notes__", []))
+
+results = {}
+assert any(owner is threading.Thread and attr == "start" for owner, attr, _ in _propagate.patched())
+caught = []
+threading.excepthook = lambda args: caught.append(args.exc_value)
+t = threading.Thread(target=fail); t.start(); t.join()
+results["threading"] = noted(caught[0])
+with concurrent.futures.ThreadPoolExecutor(1) as pool:
+    results["thread_pool"] = noted(pool.submit(fail).exception())
+
+async def main():
+    loop = asyncio.get_running_loop()
+    task = asyncio.create_task(asyncio.sleep(0, result=None))
+    await task
+    async def afail():
+        fail()
+    t = asyncio.create_task(afail())
+    try:
+        await t
+    except KeyError as exc:
+        results["asyncio_tasks"] = noted(exc)
+    try:
+        await loop.run_in_executor(None, fail)
+    except KeyError as exc:
+        results["asyncio_executor"] = noted(exc)
+
+asyncio.run(main())
+done = _thread.allocate_lock(); done.acquire()
+def raw():
+    try:
+        results["start_new_thread"] = monstack.current_origin() is not None
+    finally:
+        done.release()
+_thread.start_new_thread(raw, ())
+done.acquire()
+assert not _propagate.FAILED, _propagate.FAILED
+print(" ".join(f"{k}={v}" for k, v in sorted(results.items())))
+'''
+
+
+def test_importing_threading_after_install_works_with_every_point():
+    out = subprocess.run([sys.executable, "-c", AFTER_INSTALL], env=clean_env(), capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stderr == "", out.stderr
+    assert out.stdout.split() == [
+        "asyncio_executor=True", "asyncio_tasks=True", "start_new_thread=True", "thread_pool=True", "threading=True",
+    ]
+
+
+def test_a_regular_install_adds_none_of_the_heavy_modules(venv):
+    """``pip install`` (not editable) into a fresh venv, MONSTACK=1 through its .pth."""
+    _install_into(venv)
+    without = _modules([venv["python"], "-c", MODULES])
+    with_ = _modules([venv["python"], "-c", MODULES], MONSTACK="1")
+    assert "monstack" in with_ and "monstack" not in without
+    assert sorted((with_ - without) & set(NOT_AT_START_UP)) == []

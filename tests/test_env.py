@@ -1,0 +1,41 @@
+"""monstack._env: the facts it computes without ``sysconfig`` or ``platform`` (both cost
+start-up time, and sysconfig imports threading) agree with what those modules say."""
+
+from __future__ import annotations
+
+import platform
+import sys
+import sysconfig
+
+from monstack import _env
+
+
+def test_machine_is_platform_machine():
+    machine = platform.machine().lower()
+    assert _env.MACHINE == {"amd64": "x86_64", "arm64": "aarch64"}.get(machine, machine)
+
+
+def test_free_threaded_is_py_gil_disabled():
+    assert _env.FREE_THREADED == bool(sysconfig.get_config_var("Py_GIL_DISABLED"))
+
+
+def test_config_var_is_sysconfigs():
+    for name in ("Py_GIL_DISABLED", "Py_DEBUG", "LDLIBRARY", "SOABI", "Py_TAIL_CALL_INTERP",
+                 "_Py_TAIL_CALL_INTERP", "Py_ENABLE_SHARED", "WITH_PYMALLOC", "no such variable"):
+        assert _env.config_var(name) == sysconfig.get_config_var(name), name
+
+
+def test_tail_call_interp_is_read_when_asked_and_agrees_with_sysconfig():
+    expected = bool(sysconfig.get_config_var("Py_TAIL_CALL_INTERP") or sysconfig.get_config_var("_Py_TAIL_CALL_INTERP"))
+    assert _env.TAIL_CALL_INTERP == expected
+    assert "TAIL_CALL_INTERP" in vars(_env)  # computed once, then a plain attribute
+
+
+def test_ctypes_imports_sysconfig_only_where_env_says_so():
+    """The fact ``_native`` relies on to keep threading out when it imports ctypes."""
+    import subprocess
+
+    code = "import sys; import ctypes; print('sysconfig' in sys.modules)"
+    out = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert (out.stdout.strip() == "True") == _env.CTYPES_IMPORTS_SYSCONFIG
