@@ -41,13 +41,14 @@ _previous: Any = None
 _thread_id: Optional[int] = None
 
 
-def start() -> bool:
-    """Set the trace function on this thread if greenlet is imported (True if set)."""
+def start() -> None:
+    """Set the trace function on this thread if greenlet is imported (and ours is not
+    set already)."""
     global _tracer, _previous, _thread_id
     greenlet = sys.modules.get("greenlet")
     settrace = getattr(greenlet, "settrace", None)
     if settrace is None or _tracer is not None:
-        return False
+        return
     import _thread
 
     # id(greenlet) -> its cell while it is switched out. An entry exists only for a
@@ -87,7 +88,6 @@ def start() -> bool:
     previous = settrace(tracer)
     _live.append(on)
     _tracer, _previous, _thread_id = tracer, previous, _thread.get_ident()
-    return True
 
 
 def stop() -> None:
