@@ -172,3 +172,30 @@ def test_monkey_patch_all_as_the_first_line_under_monstack_1(tmp_path):
     assert out.stderr == ""
     assert f"backend {expected_backend()}" in out.stdout
     assert "mismatches: 0" in out.stdout, out.stdout
+
+
+def test_what_gevent_spawn_carries(installed):
+    """``gevent.spawn(fn)`` carries no origin (a new greenlet starts with an empty
+    context), even under one; ``gevent.spawn(monstack.wrap(fn))`` carries the spawning
+    line (docs/origins.md, "Greenlets")."""
+
+    def origin_seen() -> bool:
+        return monstack.snapshot().origin is not None
+
+    def fails() -> None:
+        raise ValueError("in a greenlet")
+
+    def spawn_line() -> int:
+        return sys._getframe(1).f_lineno
+
+    with monstack.origin(monstack.snapshot()):
+        plain = gevent.spawn(origin_seen)
+        plain.join()
+        failing = gevent.spawn(fails)
+        failing.join()
+        wrapped = gevent.spawn(monstack.wrap(fails)); line = spawn_line()  # noqa: E702 (one line)
+        wrapped.join()
+    assert plain.value is False
+    assert not getattr(failing.exception, "__notes__", None)
+    notes = "".join(getattr(wrapped.exception, "__notes__", []))
+    assert "Work created at" in notes and f"line {line}, in test_what_gevent_spawn_carries" in notes
