@@ -331,7 +331,7 @@ def _verify_code_extra(lay: Dict[str, int], need: Callable[[bool, str], None]) -
 
 def _verify_dict_version(lay: Dict[str, int], need: Callable[[bool, str], None]) -> None:
     """The version tag of a thread's ``_thread._local`` dict must move on every change."""
-    local = _thread._local()
+    local = type(_stack.TLS)()  # (the real _thread._local, also under gevent's patch_all)
     local.cell = [None]
     d = local.__dict__
     at = id(d) + lay["ma_version_tag"]
@@ -349,7 +349,7 @@ def _verify_dict_entries(lay: Dict[str, int], need: Callable[[bool, str], None])
     ``_thread._local`` dict by reading its keys object (combined, str-keyed: an index
     table of ``1 << dk_log2_index_bytes`` bytes, then the entries). Read it the same way
     here, before and after the dict is resized, and compare with what Python holds."""
-    local = _thread._local()
+    local = type(_stack.TLS)()
     local.other = 1
     cell = local.cell = [None]
     d = local.__dict__

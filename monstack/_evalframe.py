@@ -479,10 +479,28 @@ def _register_atexit() -> None:
     atexit.register(_at_exit)
 
 
+#: The started backend (its host is told at exit that the shadow stacks stop), or None.
+_running: Optional["EvalFrameBackend"] = None
+#: The shim was made inert at exit: snapshots walk the real frames from then on, quietly.
+_exited = False
+
+
 def _at_exit() -> None:
+    global _exited
     nat = _native
     if nat is None or nat.blob is None:
         return
+    _exited = True
+    backend = _running
+    if backend is not None:
+        # finalizers and daemon threads still run after this: the shim no longer pushes,
+        # so snapshot()'s fast paths must stop trusting the shadow stacks (capture()
+        # walks the real frames instead, without taking the reset eval_frame function
+        # for another tool's)
+        try:
+            backend.host.distrust()
+        except Exception:
+            pass
     f = nat.arch["fields"]
     nat.blob.put_i64(f["enabled"], 0)
     nat.blob.put_ptr(f["snap_live"], 0)
@@ -589,6 +607,9 @@ class EvalFrameBackend:
         self._nat = nat
         self._eval_view = view
         self._start_snapshots(nat)
+        _stack.watch_collections(True)
+        global _running
+        _running = self
 
     def _start_snapshots(self, nat: _Native) -> None:
         """Offer the native snapshot paths, if ``Snapshot``'s layout is the one the shim
@@ -639,12 +660,16 @@ class EvalFrameBackend:
             return
         self._nat = None
         self._eval_view = None
+        global _running
+        if _running is self:
+            _running = None
         self.snapshot_native = None
         self.capture_native = None
         self._disable(nat)
         if _current_eval(nat) == nat.entry:
             _set_eval(nat, nat.default)
         # else: somebody replaced us; leave their function alone (ours is now inert)
+        _stack.watch_collections(False)
         _stack.reset_tls()
 
     def retire_fast(self) -> None:
@@ -668,6 +693,8 @@ class EvalFrameBackend:
     def capture(self, frame: Optional[FrameType]) -> tuple[Any, int]:
         view = self._eval_view
         if view is not None and view.value != self._nat.entry:  # type: ignore[union-attr]
+            if _exited:  # made inert at exit (see _at_exit), not replaced
+                return _stack.build(frame, self.policy)
             return self._replaced(frame)
         if self._errors:
             self._report_errors()

@@ -61,7 +61,7 @@ from __future__ import annotations
 
 import sys
 
-from . import _snapshot
+from . import _greenlet, _snapshot
 from ._errors import warn
 from ._origin import _attach_if_absent, _drop_own_entry, _snap, _WithOrigin
 from ._settings import PROPAGATION_POINTS
@@ -77,6 +77,8 @@ if TYPE_CHECKING:
 
 #: Points switched on now (read by the replacements on every call).
 _ON: set = set()
+#: In ``_ON`` while installed: greenlet switches swap shadow stacks (not a point of its own).
+_GREENLETS = "(greenlet switches)"
 #: Applied patches: (owner, attribute name, original object, replacement).
 _PATCHES: list[tuple[Any, str, Any, Any]] = []
 
@@ -122,6 +124,12 @@ def start(options: dict) -> None:
                         apply()
                     else:  # patch when the program imports it: install() stays cheap
                         _PENDING.setdefault(trigger, []).append((name, apply))
+        # not a propagation point: each greenlet gets its own shadow stack (_greenlet)
+        _ON.add(_GREENLETS)
+        if "greenlet" in sys.modules:
+            _greenlet.start()
+        else:
+            _PENDING.setdefault("greenlet", []).append((_GREENLETS, _greenlet.start))
         if _PENDING and _HOOK not in sys.meta_path:
             sys.meta_path.insert(0, _HOOK)
     except BaseException:
@@ -132,6 +140,7 @@ def start(options: dict) -> None:
 def stop() -> None:
     """Undo every patch ``start`` made: the original objects are put back (identity)."""
     _ON.clear()
+    _greenlet.stop()
     _PENDING.clear()
     try:
         sys.meta_path.remove(_HOOK)
@@ -221,7 +230,8 @@ def _apply_threading() -> None:
 
         return start
 
-    _patch(sys.modules["threading"].Thread, "start", make)
+    # (inherited: under gevent's monkey.patch_all(), threading.Thread is gevent's subclass)
+    _patch(sys.modules["threading"].Thread, "start", make, inherited=True)
 
 
 def _bind_thread(thread: threading.Thread) -> Optional[tuple]:

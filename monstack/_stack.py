@@ -65,8 +65,28 @@ def linked_suspended(frame: FrameType) -> bool:
     return raw[at] == DELEGATION_OP and (not _RESUME_AFTER_YIELD or (raw[at + 1] & 3) >= 2)
 
 
+def _thread_local_type() -> Any:
+    """``_thread._local`` itself: the native code reads its per-thread dicts. gevent's
+    ``monkey.patch_all()`` replaces it with a greenlet-local class; when that happened
+    before monstack was imported, gevent keeps the original."""
+    local = _thread._local
+    if getattr(local, "__module__", None) != "_thread":
+        import sys
+
+        monkey = sys.modules.get("gevent.monkey")
+        try:
+            original = monkey.get_original("_thread", "_local")  # type: ignore[union-attr]
+            if getattr(original, "__module__", None) == "_thread":
+                return original
+        except Exception:
+            pass
+    return local
+
+
+_LOCAL = _thread_local_type()
+
 #: Per-thread state shared by all tracking backends (see module docstring).
-TLS = _thread._local()
+TLS = _LOCAL()
 
 #: How often a thread's stack was seeded from / rebuilt after disagreeing with the real
 #: frames ("resync": the slow path; tests assert ordinary code never needs one) / rebuilt
@@ -83,7 +103,57 @@ def reset_tls() -> None:
     reseeds from its real frames at its next event.
     """
     global TLS
-    TLS = _thread._local()
+    TLS = _LOCAL()
+
+
+#: ``TLS.__dict__`` key holding, while a garbage collection runs on the thread, the cell
+#: the collection found (None: the thread had none); see ``on_collection``.
+COLLECTING = "collecting"
+
+
+def on_collection(phase: str, info: Any) -> None:
+    """A ``gc.callbacks`` entry, registered while a tracking backend runs.
+
+    A collection runs finalizers (``__del__``, weakref callbacks, the ``finally:`` of an
+    abandoned generator) wherever an allocation triggers it, also inside monstack's own
+    machinery (a native or Python callback, the 3.11 shim's bookkeeping, a policy
+    decision), where ``tstate->tracing`` is raised and no events reach the backend: the
+    finalizer's frames are never pushed or popped. Nothing cheap tells from here which
+    case this is, so every collection unseeds the thread for its duration and puts the
+    thread's cell back when it ends:
+
+    - events reach the finalizers: their first event seeds a fresh cell from the real
+      frames and tracking goes on as usual (the frames it describes all return before
+      the collection ends);
+    - events do not reach them: nothing seeds, and a snapshot without a cell builds
+      from the real frames without storing (``make_capture``): right every time;
+    - either way the callback or snapshot the collection interrupted finds its cell (the
+      same list, kept alive here) as it left it.
+    """
+    try:
+        d = TLS.__dict__
+        if phase == "start":
+            d[COLLECTING] = d.pop("cell", None)
+        elif COLLECTING in d:
+            saved = d.pop(COLLECTING)
+            if saved is None:
+                d.pop("cell", None)
+            else:
+                d["cell"] = saved
+    except Exception:  # never fail a collection (a thread-local torn down at exit, say)
+        pass
+
+
+def watch_collections(on: bool) -> None:
+    """Register (``on``) or remove ``on_collection`` in ``gc.callbacks`` (the tracking
+    backends' start and stop)."""
+    import gc  # (built in: no import cost)
+
+    callbacks = gc.callbacks
+    while on_collection in callbacks:
+        callbacks.remove(on_collection)
+    if on:
+        callbacks.append(on_collection)
 
 
 def get_cell() -> list:
@@ -312,6 +382,10 @@ def make_capture(policy: "Policy"):
         try:
             cell = tls.cell
         except AttributeError:
+            if COLLECTING in tls.__dict__:
+                # a finalizer run by a collection: its frames may get no events (see
+                # on_collection), so nothing is stored that the next snapshot would trust
+                return build(f, policy)[0], (f.f_lasti if f is not None else UNKNOWN)
             cell = tls.cell = [None]
             STATS["seed"] += 1
             cell[0], top = rebuild(f, policy)

@@ -360,6 +360,7 @@ class MonitoringBackend:
             mon.register_callback(self.tool, event, callback)
             events |= event
         mon.set_events(self.tool, events)
+        _stack.watch_collections(True)
 
     def retire_fast(self) -> None:
         """The native snapshot paths stop answering (uninstall, or a shadow stack that can
@@ -380,6 +381,7 @@ class MonitoringBackend:
         mon = sys.monitoring
         self.tool = None
         self.retire_fast()
+        _stack.watch_collections(False)
         if mon.get_tool(tool) != TOOL_NAME:
             return  # somebody freed it under us; nothing of ours is left there
         mon.set_events(tool, 0)

@@ -599,6 +599,18 @@ static void pop(PyThreadState *ts, PyObject *node, _PyInterpreterFrame *prev_fra
                 cell_set(cell, parent);
             }
         }
+    } else {
+        /* A frame pushed under an earlier install returns (or yields). The current
+         * install's stack, seeded or rebuilt from the real frames while it ran, may
+         * hold a node for it that no pop of this install removes; a snapshot of its
+         * caller running the same code would answer from that node. Empty the top:
+         * the next push or snapshot checks the chain against the real frames.
+         * (get_cell_r finds nothing while monstack is stopped.) */
+        PyObject *cell = get_cell_r(ts, r);
+        if (cell != 0 && list_items(cell)[0] != DATA.py_none) {
+            ms_incref(DATA.py_none);
+            cell_set(cell, DATA.py_none);
+        }
     }
     ms_decref(node);
     if (failed) {

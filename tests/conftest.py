@@ -86,10 +86,10 @@ def chain_of(n: int) -> monstack.Snapshot:
 
 
 def integration_module(name: str):
-    """Import an integration dependency (pyproject's ``integration`` extra: trio, uvloop)
+    """Import an integration dependency (pyproject's ``integration`` extra: trio, uvloop, gevent)
     for a test module marked ``integration``. Where it cannot be imported the module is
     skipped with the reason, except in CI (``CI=true``), where that is a failure: CI
-    installs the extra on every CPython (uvloop has wheels for 3.11-3.15 on Linux and
+    installs the extra on every CPython (uvloop and gevent have wheels for 3.11-3.15 on Linux and
     macOS; the extra leaves it out on Windows, where its tests skip even in CI)."""
     try:
         return importlib.import_module(name)

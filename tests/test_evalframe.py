@@ -719,10 +719,13 @@ def test_policy_callback_runs_untracked_with_tracing_raised(monkeypatch):
 def test_c_stack_exhaustion_becomes_recursion_error():
     """A huge recursion limit: without the guard the C stack would overflow (segfault)."""
     code = """
-        import sys, threading, monstack
+        import gc, sys, threading, monstack
         from monstack import _capture
         assert monstack.install(track="all") == "evalframe"
         sys.setrecursionlimit(1_000_000)
+        # (no collections: a gc callback's frame refused near the stack end would count
+        # too, wherever the unwinding's allocations make a collection fall)
+        gc.disable()
         def probe():
             depth = [0]
             def r(n):

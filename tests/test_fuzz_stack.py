@@ -88,7 +88,7 @@ def test_every_kind_renders_valid_python(kind):
 
 
 # --------------------------------------------------------------------------------------
-# Cases the fuzzer found that are still open (strict expected failures where they show)
+# Cases the fuzzer found
 # --------------------------------------------------------------------------------------
 
 _REINSTALL_RECURSION = '''
@@ -107,11 +107,25 @@ def h(n, out):
     out.append(([tuple(r[:3]) for r in snap.records()], real))
 
 
+def g(n, out):
+    monstack.uninstall()
+    monstack.install()
+    if n > 0:
+        yield from g(n - 1, out)
+    snap, real = monstack.snapshot(), real_records(sys._getframe())  # one line
+    out.append(([tuple(r[:3]) for r in snap.records()], real))
+    yield n
+
+
 monstack.install()
 print(monstack.active_backend())
 out = []
 for _ in range(3):
-    h(1, out)
+    if {kind!r} == "function":
+        h(1, out)
+    else:
+        for _ in g(1, out):
+            pass
 bad = [pair for pair in out if pair[0] != pair[1]]
 print("mismatches:", len(bad))
 for got, real in bad[:1]:
@@ -120,24 +134,18 @@ for got, real in bad[:1]:
 '''
 
 
-def _shows_on() -> bool:
-    from conftest import expected_backend
-
-    return expected_backend() == "evalframe"
-
-
-@pytest.mark.xfail(_shows_on(), strict=True,
-                   reason="open (3.11, evalframe): after uninstall()/install() inside a callee of the same "
-                          "code, the caller's own snapshot keeps the returned callee's node (fuzz_stack seed 2968)")
-def test_snapshot_after_a_callee_of_the_same_code_reinstalled(tmp_path):
+@pytest.mark.parametrize("kind", ["function", "generator"])
+def test_snapshot_after_a_callee_of_the_same_code_reinstalled(tmp_path, kind):
     """Found by tools/fuzz_stack.py (3.11, seeds 1792, 2000, 2968, 3330, 3748 of the first
     long run, through a library's own snapshot). h(1) reinstalls and calls h(0), which
     reinstalls too and returns; h(1)'s own snapshot (no tracked call in between) must not
-    show h(0). On 3.11 it does: the shadow stack rebuilt after h(0)'s reinstall keeps
-    h(0)'s node when h(0) returns, and the snapshot's fast path answers from it because its
-    code is h(1)'s. 3.12+ is right. Deterministic; also with generators (``yield from``)."""
+    show h(0). On 3.11 it did: the shadow stack rebuilt after h(0)'s reinstall kept h(0)'s
+    node when h(0), pushed under the earlier install, returned (its pop belonged to that
+    install), and the snapshot's fast path answered from it because its code is h(1)'s.
+    The shim now empties the top when a frame of an earlier install returns (or yields:
+    the generator variant)."""
     script = tmp_path / "reinstall_recursion.py"
-    script.write_text(_REINSTALL_RECURSION.format(tests=os.path.dirname(os.path.abspath(__file__))))
+    script.write_text(_REINSTALL_RECURSION.format(tests=os.path.dirname(os.path.abspath(__file__)), kind=kind))
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=60)
     assert out.returncode == 0, out.stderr

@@ -1278,7 +1278,7 @@ def main(argv=None) -> int:
                          "(default: monstack's default, MONSTACK_ACCELERATOR is honoured)")
     ap.add_argument("--gc", choices=["off", "auto"], default="off",
                     help="automatic garbage collection in the programs (default off: collections only "
-                         "where programs ask; 'auto' can show the known finalizer gap)")
+                         "where programs ask; 'auto': collections wherever allocations trigger them)")
     ap.add_argument("--keep", default=None, help="directory for reproducers (default: a new temp dir)")
     ap.add_argument("--python", default=None, help="interpreter for the programs (default: this one)")
     ap.add_argument("--batch", type=int, default=10, help="programs per child process (default 10)")
