@@ -86,7 +86,6 @@ EXPECTED = {
     ),
 }
 
-
 SITECUSTOMIZE = r'''
 import os, sys
 _mode = os.environ.get("MONSTACK_COMPAT_MODE", "off")
@@ -197,14 +196,25 @@ def parse_junit(path: Path) -> dict[str, str]:
     return out
 
 
-def _limit_memory(limit_mb: int):
-    """preexec_fn: cap the address space of regrtest and its workers (inherited), so a
-    runaway test fails with MemoryError instead of swapping the shared machine out."""
+def _child_setup(limit_mb: int):
+    """preexec_fn of regrtest (its workers inherit both):
+
+    - SIGINT and SIGQUIT back to their defaults: a shell starting this script in the
+      background (``cmd &`` without job control) ignores them, Python then keeps SIGINT
+      ignored, and every test relying on ``_thread.interrupt_main()`` or ``raise(SIGINT)``
+      hangs or fails (3.14+'s regrtest installs its own handler; 3.11-3.13's does not);
+    - an address-space limit, so a runaway test fails with MemoryError instead of
+      swapping the shared machine out.
+    """
     def apply() -> None:
         import resource
+        import signal
 
-        resource.setrlimit(resource.RLIMIT_AS, (limit_mb << 20, limit_mb << 20))
-    return apply if limit_mb > 0 else None
+        for sig in (signal.SIGINT, signal.SIGQUIT):
+            signal.signal(sig, signal.SIG_DFL)
+        if limit_mb > 0:
+            resource.setrlimit(resource.RLIMIT_AS, (limit_mb << 20, limit_mb << 20))
+    return apply
 
 
 def run_mode(python: str, version: str, mode: str, tests: list[str], out: Path, hookdir: Path, timeout: int, jobs: int, root: Path, report_only: bool = False, memory_mb: int = 0, skip_existing: bool = False) -> dict:
@@ -247,7 +257,7 @@ def run_mode(python: str, version: str, mode: str, tests: list[str], out: Path, 
     with open(log, "w") as f:
         f.write("$ " + " ".join(cmd) + "\n")
         f.flush()
-        rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=cwd, preexec_fn=_limit_memory(memory_mb)).returncode
+        rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=cwd, preexec_fn=_child_setup(memory_mb)).returncode
     elapsed = time.monotonic() - t0
     meta.write_text(json.dumps({"rc": rc, "seconds": elapsed, "command": cmd}))
     return _collect(xml, log, plog, rc=rc, elapsed=elapsed)
