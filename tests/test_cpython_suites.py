@@ -68,12 +68,16 @@ def test_presets_expand_and_packages_split_into_submodules():
     assert all(t.startswith("test_asyncio.test_") for t in tests[:-1])
 
 
-def _fake_run(out: Path, off: dict[str, str], user: dict[str, str]) -> subprocess.CompletedProcess:
+OK_PROCESS = "start 1 monitoring accelerator=native track=user\nexit 1 monitoring seed=1 resync=0\n"
+
+
+def _fake_run(out: Path, off: dict[str, str], user: dict[str, str], processes: str = OK_PROCESS,
+              log: str = "") -> subprocess.CompletedProcess:
     out.mkdir(exist_ok=True)
     (out / f"{VERSION}-off.xml").write_text(junit(off))
     (out / f"{VERSION}-user.xml").write_text(junit(user))
-    (out / f"{VERSION}-user.processes").write_text("start 1 monitoring accelerator=native track=user\n"
-                                                   "exit 1 monitoring seed=1 resync=0\n")
+    (out / f"{VERSION}-user.processes").write_text(processes)
+    (out / f"{VERSION}-user.log").write_text(log)
     return run_tool("--modes", "off,user", "--tests", "test_contextlib", "--out", str(out), "--report-only")
 
 
@@ -95,6 +99,19 @@ def test_expected_differences_and_missing_results_are_reported_apart(tmp_path):
     lost = _fake_run(tmp_path / "lost", {"test.test_x.C.a": "pass", "m.C.a": "pass"}, {"m.C.a": "pass"})
     assert lost.returncode == 1
     assert "NO RESULT for 1 test case(s) of test.test_x.C" in lost.stdout
+
+
+def test_monstack_not_starting_turning_off_or_warning_fails_the_run(tmp_path):
+    same = {"m.C.a": "pass"}
+    sub = OK_PROCESS + "start 1 None accelerator=None None\nexit 1 None seed=0 resync=0\n"
+    res = _fake_run(tmp_path / "sub", same, same, processes=sub)
+    assert res.returncode == 1 and "DID NOT START in 1 interpreter(s)" in res.stdout
+    assert "TURNED ITSELF OFF" not in res.stdout
+    off = OK_PROCESS.replace("exit 1 monitoring", "exit 1 None")
+    res = _fake_run(tmp_path / "off", same, same, processes=off)
+    assert res.returncode == 1 and "TURNED ITSELF OFF in 1" in res.stdout
+    res = _fake_run(tmp_path / "warn", same, same, log="x: MonstackWarning: monstack: oops\n")
+    assert res.returncode == 1 and "1 MonstackWarning line(s) in the log" in res.stdout
 
 
 @pytest.mark.skipif(not _has_test_package("test_contextlib"), reason="this interpreter has no test package")

@@ -269,8 +269,12 @@ def _collect(xml: Path, log: Path, plog: Path, rc, elapsed: float) -> dict:
     starts = [l for l in procs if l.startswith("start ")]
     exits = [l for l in procs if l.startswith("exit ")]
     errors = [l for l in procs if l.startswith("error ")]
-    # A process that started with a backend but ended without one turned itself off.
-    turned_off = [l for l in exits if l.split()[2] == "None"]
+    # An interpreter (a process, or a subinterpreter: they share its pid) that started with
+    # a backend but ended without one turned itself off; one that started without any
+    # (monstack could not start there) ends without one too.
+    not_started = [l for l in starts if l.split()[2] == "None"]
+    turned_off = [l for l in exits if l.split()[2] == "None"][len(not_started):]
+    starts = [l for l in starts if l.split()[2] != "None"]
     resyncs = sum(int(l.split("resync=")[1]) for l in exits if "resync=" in l)
     return {
         "rc": rc,
@@ -279,6 +283,7 @@ def _collect(xml: Path, log: Path, plog: Path, rc, elapsed: float) -> dict:
         "starts": len(starts),
         "backends": sorted({" ".join(l.split()[2:4]) for l in starts}),
         "turned_off": turned_off,
+        "not_started": len(not_started),
         "errors": errors,
         "resyncs": resyncs,
         "monstack_warnings": _count_in(log, "MonstackWarning"),
@@ -367,8 +372,11 @@ def main(argv: list[str] | None = None) -> int:
             expected = False
             n_diff = n_expected = n_missing = 0
             if mode != "off":
-                line += f"; monstack on in {r['starts']} process(es), backend {', '.join(r['backends']) or '-'}"
+                line += f"; monstack on in {r['starts']} interpreter(s), backend {', '.join(r['backends']) or '-'}"
                 line += f", resyncs {r['resyncs']}"
+                if r["not_started"]:
+                    line += f", DID NOT START in {r['not_started']} interpreter(s)"
+                    ok = False
                 if r["turned_off"]:
                     line += f", TURNED ITSELF OFF in {len(r['turned_off'])}"
                     ok = False
