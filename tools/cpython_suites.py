@@ -3,34 +3,37 @@
 
 For every supported CPython found (3.11 to 3.15 through pyenv, or pythonX.Y on
 PATH), runs ``python -m test`` on the suites that exercise what monstack hooks into
-(threading, concurrent.futures, generators, coroutines, contextlib, logging) in three
-modes:
+(preset ``default``: threading, concurrent.futures, generators, coroutines, contextlib,
+logging; preset ``asyncio``: test_asyncio and test_threading) in three modes:
 
 - ``off``:  monstack not imported (the baseline);
-- ``user``: ``monstack.install()`` with its defaults, as ``MONSTACK=1`` does -- the
+- ``user``: ``MONSTACK=1``, started as the ``.pth`` line starts it, default policy -- the
   standard library, and so CPython's own tests, is *not* tracked: this checks that the
   callbacks' filtering (DISABLE, PY_UNWIND/PY_THROW checks) changes nothing;
-- ``all``:  ``monstack.install(track="all")`` -- every frame of the tests is pushed and
+- ``all``:  ``MONSTACK=1 MONSTACK_TRACK=all`` -- every frame of the tests is pushed and
   popped, the strongest check that tracking is invisible to the program.
 
-monstack is switched on in every Python process of the run (regrtest's workers and the
-subprocesses the tests start, unless they run isolated with ``-I``/``-E``) by a
-``sitecustomize`` module on PYTHONPATH; when monstack's own ``MONSTACK=1`` start-up hook
-exists it is switched on too (``MONSTACK=1`` is set in ``user`` and ``all`` modes). Each
-process writes a line to a log at start-up (backend in use) and at exit (backend still
-active? -- a self-uninstall after an internal error shows up here), and the summary
-reports those.
+monstack is switched on in every interpreter of the run (regrtest, its workers, the
+subprocesses the tests start unless they run isolated with ``-I``/``-E``, and
+subinterpreters) by a ``sitecustomize`` module on PYTHONPATH. Each interpreter writes a
+line to a log at start-up (backend in use) and at exit (backend still active? -- a
+self-uninstall after an internal error shows up here), and the summary reports those.
+Packages (test_asyncio, test_concurrent_futures) run as one regrtest name per submodule,
+each in its own worker process (``-j 1`` by default), so the per-test timeout and a crash
+cost one submodule.
 
 Per test case (from regrtest's ``--junit-xml``) the pass/fail/skip sets of each mode are
 compared with the baseline; failures are re-run once (``-w``) in every mode alike so a
 timing-sensitive test does not show up as a difference. Exit status 0 when every mode
 matches its baseline on every interpreter.
 
-    python tools/cpython_suites.py                     # all interpreters, all modes
+    python tools/cpython_suites.py                     # all interpreters, all modes, preset default
     python tools/cpython_suites.py --python 3.12 --modes off,all --tests test_threading
-    python tools/cpython_suites.py --out /tmp/suites   # keep logs / XML there
+    python tools/cpython_suites.py --python 3.14 --modes off,user --tests asyncio --out /tmp/suites
+    python tools/cpython_suites.py --python 3.14 --modes off,user,all --tests asyncio --out /tmp/suites --skip-existing
 
-The summary is printed and written to ``OUT/summary.md``.
+The summary is printed and written to ``OUT/summary.md``; docs/cpython-suites.md has the
+last results.
 """
 
 from __future__ import annotations
