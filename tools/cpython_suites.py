@@ -76,10 +76,11 @@ MODES = ("off", "user", "all")
 EXPECTED = {
     "test_generators.SignalAndYieldFromTest.test_raise_and_yield_from": (
         ("user", "all"),
-        "CPython itself: with *any* sys.monitoring tool listening to PY_RESUME (even one whose "
-        "callback returns DISABLE), a SIGINT pending at `send` into a `yield from` chain is "
-        "raised in the outer generator at its instrumented RESUME, not the innermost one "
-        "(bpo-30039's guarantee); reproduced without monstack by a 10-line dummy tool",
+        "CPython itself: with any sys.monitoring tool whose PY_RESUME callback is Python code "
+        "(monstack's pure-Python callbacks; its native ones run no bytecode), a SIGINT pending at "
+        "`send` into a `yield from` chain is raised in the outer generator at its instrumented "
+        "RESUME, not the innermost one (bpo-30039's guarantee); reproduced without monstack by "
+        "tests/programs/sysmon_sigint_yield_from.py --tool",
     ),
     "test_threading.ExceptHookTests.test_original_excepthook": (
         ("all",),
