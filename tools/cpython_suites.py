@@ -110,7 +110,7 @@ if _mode != "off":
         import monstack
         from monstack import _stack
         _st = monstack.status()
-        _note(f"start {os.getpid()} {monstack.active_backend()} accelerator={str(_st.get('accelerator')).split(' ')[0]} {_st.get('policy')}")
+        _note(f"start {os.getpid()} {monstack.active_backend()} accelerator={str(_st.get('accelerator') or _st.get('eval_frame')).split(' ')[0]} {_st.get('policy')}")
         def _at_exit():
             _note(f"exit {os.getpid()} {monstack.active_backend()} seed={_stack.STATS['seed']} resync={_stack.STATS['resync']}")
         atexit.register(_at_exit)
