@@ -938,9 +938,11 @@ static inline int ms_pop(struct ms_state *st, PyObject *cell, PyObject *code)
 
 /* ---------------------------------------------------------------- fast paths */
 /* The common events in one straight run: tracked code whose decision is cached, this
- * thread's cell cached, a spare node for a push, a pop that frees nothing. They call no
- * Python code and release no reference that could be the last one (so neither `self`
- * nor the cell need a reference of their own meanwhile). Anything else returns NULL with
+ * thread's cell cached, a pop that frees nothing. They call no Python code and release
+ * no reference that could be the last one (so neither `self` nor the cell need a
+ * reference of their own meanwhile). A push without a spare node allocates one: since
+ * 3.12 an allocation only schedules a collection (it runs at the next eval-breaker
+ * check, not inside the allocation), so that runs no Python code either. Anything else returns NULL with
  * nothing changed and no exception, and the event takes the full path (ms_enter /
  * ms_leave) from its start. They return None borrowed: it is immortal (3.12+). */
 
@@ -961,7 +963,7 @@ static inline int ms_cached_decision(struct ms_state *st, PyObject *code)
 /* PY_START / PY_RESUME of tracked code. */
 __attribute__((always_inline)) static inline PyObject *ms_enter_fast(struct ms_state *st, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (UNLIKELY(nargs < 1 || st->n_spare == 0)) {
+    if (UNLIKELY(nargs < 1)) {
         return NULL;
     }
     PyObject *code = args[0];
@@ -979,19 +981,34 @@ __attribute__((always_inline)) static inline PyObject *ms_enter_fast(struct ms_s
         if (UNLIKELY(lasti >= MS_INTS || st->ints == NULL || (off = st->ints[lasti]) == NULL)) {
             return NULL; /* (ms_push makes the int) */
         }
-        st->n_push_known++;
     }
     else {
         off = st->unknown;
-        st->n_push_unknown++;
+    }
+    PyObject *node;
+    if (LIKELY(st->n_spare != 0)) {
+        node = st->spare[--st->n_spare];
+        st->n_reused++;
+#if PY_VERSION_HEX >= 0x030E0000
+        ((PyTupleObject *)node)->ob_hash = -1; /* 3.14+ caches a tuple's hash */
+#endif
+    }
+    else {
+        if (UNLIKELY(!st->untrack_nodes || (node = API.PyTuple_New(3)) == NULL)) {
+            API.PyErr_Clear(); /* (the full path tries again and reports) */
+            return NULL;
+        }
+        /* (see ms_push) */
+        API.PyObject_GC_UnTrack(node);
     }
     Py_INCREF(off);
-    PyObject *node = st->spare[--st->n_spare];
-    st->n_reused++;
     st->n_events++;
-#if PY_VERSION_HEX >= 0x030E0000
-    ((PyTupleObject *)node)->ob_hash = -1; /* 3.14+ caches a tuple's hash */
-#endif
+    if (lasti >= 0) {
+        st->n_push_known++;
+    }
+    else {
+        st->n_push_unknown++;
+    }
     ms_link(cell, node, code, off);
     return NONE;
 }
@@ -1449,6 +1466,7 @@ static PyObject *ms_snap_alloc(PyTypeObject *cls)
     if (mem == NULL) {
         return API.PyErr_NoMemory();
     }
+#pragma GCC unroll 16
     for (size_t i = 0; i < (sizeof(PyGC_Head) + MS_SNAP_SIZE) / sizeof(uintptr_t); i++) {
         mem[i] = 0; /* _gc_next = 0: not tracked; items NULL */
     }
