@@ -117,7 +117,6 @@ def calibrate(n=15):
 
 
 def tax(rounds):
-    _accel.available()
     noop = _accel.empty_callback()
     n = calibrate()
     modes = {

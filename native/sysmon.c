@@ -336,6 +336,7 @@ struct ms_state {
      * cached), its dk_log2_index_bytes and the entry's index. See ms_cell. */
     PyDictKeysObject *c_keys;
     Py_ssize_t c_index;
+    PyDictUnicodeEntry *c_entry; /* &entries[c_index] in c_keys, as computed when cached */
     uint8_t c_log2_index_bytes;
 #endif
     /* counters (read by tests through ms_counters) */
@@ -459,6 +460,23 @@ static inline _PyInterpreterFrame *ms_current_frame(PyThreadState *ts)
 #else
 #define MS_OWNED_BY_C(f) ((f)->owner == FRAME_OWNED_BY_CSTACK)
 #endif
+
+/* What a (non-C-stack) frame runs, unchecked: its code object, or on 3.13+ possibly
+ * another object or NULL; NULL for a C-stack frame. Compared by address with a known
+ * code object, it needs no type check. */
+static inline PyObject *ms_frame_exec(_PyInterpreterFrame *f)
+{
+    if (MS_OWNED_BY_C(f)) {
+        return NULL;
+    }
+#if PY_VERSION_HEX >= 0x030E0000
+    return PyStackRef_AsPyObjectBorrow(f->f_executable);
+#elif PY_VERSION_HEX >= 0x030D0000
+    return f->f_executable;
+#else
+    return (PyObject *)f->f_code;
+#endif
+}
 
 /* The code object a (non-C-stack) frame runs, or NULL. */
 static inline PyCodeObject *ms_frame_code(_PyInterpreterFrame *f)
@@ -639,6 +657,7 @@ static void ms_cache_locate(struct ms_state *st, PyObject *ldict, PyObject *cell
         if (ep[i].me_key == st->s_cell && ep[i].me_value == cell) {
             st->c_keys = keys;
             st->c_index = i;
+            st->c_entry = ep + i;
             st->c_log2_index_bytes = keys->dk_log2_index_bytes;
             return;
         }
@@ -693,21 +712,24 @@ static PyObject *ms_cell_slow(struct ms_state *st, PyThreadState *ts, int *is_no
     return cell;
 }
 
-static inline PyObject *ms_cell(struct ms_state *st, PyThreadState *ts, int *is_none)
+/* The cached cell (borrowed) when the cache is valid for thread `ts`, else NULL. Reads
+ * only: no exception, no side effect. */
+static inline PyObject *ms_cell_cached(struct ms_state *st, PyThreadState *ts)
 {
 #if PY_VERSION_HEX >= 0x030E0000
     /* The thread's TLS dict still maps "cell" (st->s_cell itself) to c_cell: its keys
-     * object is the one cached (by address), with the same index size, combined and
-     * str-keyed, and the cached entry -- one it has in use -- holds s_cell -> c_cell.
-     * Keys are unique within a dict, so that is the "cell" lookup's answer, even if the
-     * keys object was replaced by another at the same address (all checked on the
-     * current one, inside its used entries). */
+     * object is the one cached (by address), with the same index size (so the cached
+     * entry's address, c_entry, is still where entry c_index lies), combined and
+     * str-keyed, and that entry -- one it has in use -- holds s_cell -> c_cell. Keys are
+     * unique within a dict, so that is the "cell" lookup's answer, even if the keys
+     * object was replaced by another at the same address (all checked on the current
+     * one, inside its used entries). */
     if (LIKELY(ts == st->c_ts && ts->id == st->c_id)) {
         PyDictObject *d = (PyDictObject *)st->c_ldict;
         PyDictKeysObject *keys = d->ma_keys;
         if (LIKELY(keys == st->c_keys && d->ma_values == NULL && keys->dk_kind != DICT_KEYS_GENERAL &&
                    keys->dk_log2_index_bytes == st->c_log2_index_bytes && st->c_index < keys->dk_nentries)) {
-            PyDictUnicodeEntry *ep = ms_dict_entries(keys) + st->c_index;
+            PyDictUnicodeEntry *ep = st->c_entry;
             if (LIKELY(ep->me_key == st->s_cell && ep->me_value == st->c_cell)) {
                 return st->c_cell;
             }
@@ -718,6 +740,15 @@ static inline PyObject *ms_cell(struct ms_state *st, PyThreadState *ts, int *is_
         return st->c_cell;
     }
 #endif
+    return NULL;
+}
+
+static inline PyObject *ms_cell(struct ms_state *st, PyThreadState *ts, int *is_none)
+{
+    PyObject *cell = ms_cell_cached(st, ts);
+    if (LIKELY(cell != NULL)) {
+        return cell;
+    }
     return ms_cell_slow(st, ts, is_none);
 }
 
@@ -780,6 +811,59 @@ static inline int ms_known_filtered(struct ms_state *st, PyCodeObject *code)
  * the new frame and its tracked caller. */
 #define MS_FAST_FILTERED_HOPS 16
 
+/* The call site for a push of `code` under `top` (the cell's current top): the
+ * caller's f_lasti when the caller is a complete frame running top's code and top's own
+ * call site is known, else -1. Reads frames, co_extra and the policy's decision dict
+ * (str keys): runs no Python code, changes nothing. */
+__attribute__((always_inline)) static inline long ms_call_site(struct ms_state *st, PyThreadState *ts, PyObject *top, PyObject *code)
+{
+    if (top == NONE || !IS_TYPE(top, tuple_type) || Py_SIZE(top) != 3 ||
+        PyTuple_GET_ITEM(top, 2) == st->unknown) {
+        return -1;
+    }
+    _PyInterpreterFrame *f = ms_current_frame(ts);
+    if (f == NULL || ms_frame_exec(f) != code) {
+        return -1;
+    }
+    /* The caller: the nearest frame that is neither a C-stack entry frame (a call
+     * through C: tp_call, next(), map()...) nor known-filtered code (a library calling
+     * back into user code), as capture's _fill walks f_back. */
+    PyObject *top_code = PyTuple_GET_ITEM(top, 0);
+    _PyInterpreterFrame *caller = f->previous;
+    for (int hops = 0; caller != NULL && hops <= MS_FAST_FILTERED_HOPS; hops++) {
+        PyObject *ex = ms_frame_exec(caller);
+        if (ex == top_code) {
+            long lasti = ms_frame_lasti(caller, (PyCodeObject *)ex);
+            /* Called through C (hops > 0: past an entry frame) from a generator that
+             * gen.throw() linked in, as its delegate's throw() method is: no event
+             * pushed that generator, the top node may be the thrower's, of the same
+             * code. Unknown: capture's _fill rebuilds when it meets one. */
+            if (UNLIKELY(hops != 0) && caller->owner == FRAME_OWNED_BY_GENERATOR && lasti >= 0 &&
+                ms_op_at_delegation(ms_frame_instr(caller))) {
+                lasti = -1;
+            }
+            return lasti;
+        }
+        if (ex != NULL && IS_TYPE(ex, code_type) && !ms_known_filtered(st, (PyCodeObject *)ex)) {
+            return -1;
+        }
+        caller = caller->previous;
+    }
+    return -1;
+}
+
+/* Fill `node` (an empty 3-tuple, owned) as (code, top, off) and make it the top of
+ * `cell`: the cell's reference to top moves into the node, `off` (owned) too. */
+static inline void ms_link(PyObject *cell, PyObject *node, PyObject *code, PyObject *off)
+{
+    PyObject **slot = &((PyListObject *)cell)->ob_item[0];
+    Py_INCREF(code);
+    PyTuple_SET_ITEM(node, 0, code);
+    PyTuple_SET_ITEM(node, 1, *slot);
+    PyTuple_SET_ITEM(node, 2, off);
+    *slot = node;
+}
+
 static int ms_push(struct ms_state *st, PyThreadState *ts, PyObject *cell, PyObject *code)
 {
     /* Allocate first: a collection here may run Python code that changes cell[0]. */
@@ -795,67 +879,28 @@ static int ms_push(struct ms_state *st, PyThreadState *ts, PyObject *cell, PyObj
     else if ((node = API.PyTuple_New(3)) == NULL) {
         return -1;
     }
-    PyObject **slot = &((PyListObject *)cell)->ob_item[0];
-    PyObject *top = *slot;
-    long lasti = -1;
-    if (top != NONE && IS_TYPE(top, tuple_type) && Py_SIZE(top) == 3 &&
-        PyTuple_GET_ITEM(top, 2) != st->unknown) {
-        _PyInterpreterFrame *f = ms_current_frame(ts);
-        if (f != NULL && (PyObject *)ms_frame_code(f) == code) {
-            /* The caller: the nearest frame that is neither a C-stack entry frame (a
-             * call through C: tp_call, next(), map()...) nor known-filtered code (a
-             * library calling back into user code), as capture's _fill walks f_back. */
-            _PyInterpreterFrame *caller = f->previous;
-            for (int hops = 0; caller != NULL && hops <= MS_FAST_FILTERED_HOPS; hops++) {
-                PyCodeObject *ccode = ms_frame_code(caller);
-                if (ccode != NULL) {
-                    if ((PyObject *)ccode == PyTuple_GET_ITEM(top, 0)) {
-                        lasti = ms_frame_lasti(caller, ccode);
-                        /* Called through C (hops > 0: past an entry frame) from a
-                         * generator that gen.throw() linked in, as its delegate's throw()
-                         * method is: no event pushed that generator, the top node may be
-                         * the thrower's, of the same code. Unknown: capture's _fill
-                         * rebuilds when it meets one. */
-                        if (UNLIKELY(hops != 0) && caller->owner == FRAME_OWNED_BY_GENERATOR && lasti >= 0 &&
-                            ms_op_at_delegation(ms_frame_instr(caller))) {
-                            lasti = -1;
-                        }
-                        break;
-                    }
-                    if (!ms_known_filtered(st, ccode)) {
-                        break;
-                    }
-                }
-                caller = caller->previous;
-            }
-        }
-    }
+    long lasti = ms_call_site(st, ts, ((PyListObject *)cell)->ob_item[0], code);
     PyObject *off;
     if (lasti >= 0) {
-        off = ms_int(st, lasti);
+        off = ms_int(st, lasti); /* (runs no Python code) */
         if (off == NULL) {
             ms_decref(node);
             return -1;
         }
         st->n_push_known++;
-        top = *slot; /* (ms_int cannot run Python code; re-read anyway) */
     }
     else {
         off = st->unknown;
         Py_INCREF(off);
         st->n_push_unknown++;
     }
-    Py_INCREF(code);
-    PyTuple_SET_ITEM(node, 0, code);
-    PyTuple_SET_ITEM(node, 1, top); /* the cell's reference moves into the node */
-    PyTuple_SET_ITEM(node, 2, off);
+    ms_link(cell, node, code, off);
     /* A node (code, parent node or None, int) can never be part of a reference cycle
      * (code objects are not GC containers: checked at load), so the collector need
      * not traverse it -- it would untrack it at its first pass anyway. */
     if (fresh && LIKELY(st->untrack_nodes)) {
         API.PyObject_GC_UnTrack(node);
     }
-    *slot = node;
     return 0;
 }
 
@@ -889,6 +934,134 @@ static inline int ms_pop(struct ms_state *st, PyObject *cell, PyObject *code)
         return 1;
     }
     return 0;
+}
+
+/* ---------------------------------------------------------------- fast paths */
+/* The common events in one straight run: tracked code whose decision is cached, this
+ * thread's cell cached, a pop that frees nothing. They call no Python code and release
+ * no reference that could be the last one (so neither `self` nor the cell need a
+ * reference of their own meanwhile). A push without a spare node allocates one: since
+ * 3.12 an allocation only schedules a collection (it runs at the next eval-breaker
+ * check, not inside the allocation), so that runs no Python code either. Anything else returns NULL with
+ * nothing changed and no exception, and the event takes the full path (ms_enter /
+ * ms_leave) from its start. They return None borrowed: it is immortal (3.12+). */
+
+/* The decision cached in co_extra for this policy: 1 tracked, 0 filtered, -1 none. */
+static inline int ms_cached_decision(struct ms_state *st, PyObject *code)
+{
+    Py_ssize_t idx = st->extra_index;
+    ms_code_extra *ex = (ms_code_extra *)((PyCodeObject *)code)->co_extra;
+    if (LIKELY(ex != NULL && idx >= 0 && idx < ex->ce_size)) {
+        uintptr_t v = (uintptr_t)ex->ce_extras[idx];
+        if (LIKELY((v >> 2) == st->epoch && (v & 2u))) {
+            return (int)(v & 1u);
+        }
+    }
+    return -1;
+}
+
+/* PY_START / PY_RESUME of tracked code. */
+__attribute__((always_inline)) static inline PyObject *ms_enter_fast(struct ms_state *st, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (UNLIKELY(nargs < 1)) {
+        return NULL;
+    }
+    PyObject *code = args[0];
+    if (UNLIKELY(!IS_TYPE(code, code_type) || ms_cached_decision(st, code) != 1)) {
+        return NULL;
+    }
+    PyThreadState *ts = API.PyThreadState_Get();
+    PyObject *cell = ms_cell_cached(st, ts);
+    if (UNLIKELY(cell == NULL)) {
+        return NULL;
+    }
+    long lasti = ms_call_site(st, ts, ((PyListObject *)cell)->ob_item[0], code);
+    PyObject *off;
+    if (lasti >= 0) {
+        if (UNLIKELY(lasti >= MS_INTS || st->ints == NULL || (off = st->ints[lasti]) == NULL)) {
+            return NULL; /* (ms_push makes the int) */
+        }
+    }
+    else {
+        off = st->unknown;
+    }
+    PyObject *node;
+    if (LIKELY(st->n_spare != 0)) {
+        node = st->spare[--st->n_spare];
+        st->n_reused++;
+#if PY_VERSION_HEX >= 0x030E0000
+        ((PyTupleObject *)node)->ob_hash = -1; /* 3.14+ caches a tuple's hash */
+#endif
+    }
+    else {
+        if (UNLIKELY(!st->untrack_nodes || (node = API.PyTuple_New(3)) == NULL)) {
+            API.PyErr_Clear(); /* (the full path tries again and reports) */
+            return NULL;
+        }
+        /* (see ms_push) */
+        API.PyObject_GC_UnTrack(node);
+    }
+    Py_INCREF(off);
+    st->n_events++;
+    if (lasti >= 0) {
+        st->n_push_known++;
+    }
+    else {
+        st->n_push_unknown++;
+    }
+    ms_link(cell, node, code, off);
+    return NONE;
+}
+
+/* PY_RETURN, PY_YIELD (is_yield) and PY_UNWIND of the cell's top node. */
+__attribute__((always_inline)) static inline PyObject *ms_leave_fast(struct ms_state *st, PyObject *const *args, Py_ssize_t nargs, int is_yield)
+{
+    if (UNLIKELY(nargs < 1)) {
+        return NULL;
+    }
+    PyObject *code = args[0];
+    PyThreadState *ts = API.PyThreadState_Get();
+    PyObject *cell = ms_cell_cached(st, ts);
+    if (UNLIKELY(cell == NULL)) {
+        return NULL;
+    }
+    PyObject **slot = &((PyListObject *)cell)->ob_item[0];
+    PyObject *top = *slot;
+    if (UNLIKELY(top == NONE || !IS_TYPE(top, tuple_type) || Py_SIZE(top) != 3 ||
+                 PyTuple_GET_ITEM(top, 0) != code)) {
+        return NULL;
+    }
+    PyObject *parent = PyTuple_GET_ITEM(top, 1);
+    /* a yield to a generator frame: ms_leave looks for frames gen.throw() linked in */
+    if (is_yield && parent != NONE && IS_TYPE(parent, tuple_type) && Py_SIZE(parent) == 3 &&
+        (((PyCodeObject *)PyTuple_GET_ITEM(parent, 0))->co_flags & MS_CO_SUSPENDABLE)) {
+        return NULL;
+    }
+    if (LIKELY(Py_REFCNT(top) == 1)) {
+        /* Nothing else holds the node: keep the tuple for the next push (as ms_pop),
+         * when that releases no last reference (the code object stays held by the
+         * event's frame; the offset is an int) */
+        PyObject *off = PyTuple_GET_ITEM(top, 2);
+        if (UNLIKELY(st->n_spare >= MS_SPARE || !st->untrack_nodes || Py_REFCNT(code) <= 1)) {
+            return NULL;
+        }
+        PyTuple_SET_ITEM(top, 0, NULL);
+        PyTuple_SET_ITEM(top, 1, NULL);
+        PyTuple_SET_ITEM(top, 2, NULL);
+        *slot = parent;
+        st->spare[st->n_spare++] = top;
+        ms_decref(off);
+        ms_decref(code);
+    }
+    else {
+        /* a snapshot (or another thread) holds it too: not freed here */
+        Py_INCREF(parent);
+        *slot = parent;
+        ms_decref(top);
+    }
+    st->n_pop++;
+    st->n_events++;
+    return NONE;
 }
 
 static inline int ms_check_args(PyObject *const *args, Py_ssize_t nargs)
@@ -1027,34 +1200,61 @@ __attribute__((always_inline)) static inline PyObject *ms_leave(PyObject *self, 
         return res_;             \
     } while (0)
 
+/* The full paths, out of line (so the entry points' fast paths save only the registers
+ * they use). */
+#define MS_FULL(name, call)                                                                  \
+    __attribute__((noinline)) static PyObject *name(PyObject *self, PyObject *const *args, \
+                                                    Py_ssize_t nargs)                       \
+    {                                                                                        \
+        MS_HOLD_SELF(call);                                                                  \
+    }
+MS_FULL(ms_full_start, ms_enter(self, args, nargs, 1))
+MS_FULL(ms_full_throw, ms_enter(self, args, nargs, 0))
+MS_FULL(ms_full_return, ms_leave(self, args, nargs, 1, 0))
+MS_FULL(ms_full_yield, ms_leave(self, args, nargs, 1, 1))
+MS_FULL(ms_full_unwind, ms_leave(self, args, nargs, 0, 0))
+
+/* The fast path `fast` (st: the state) when it applies, else the full path `full`. */
+#define MS_FAST_OR(fast, full)                              \
+    do {                                                    \
+        struct ms_state *st = ms_state_of(self);            \
+        if (LIKELY(st != NULL)) {                           \
+            PyObject *fres_ = (fast);                       \
+            if (LIKELY(fres_ != NULL)) {                    \
+                return fres_;                               \
+            }                                               \
+        }                                                   \
+        return full(self, args, nargs);                     \
+    } while (0)
+
 __attribute__((used, noinline))
 PyObject *ms_on_start(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    MS_HOLD_SELF(ms_enter(self, args, nargs, 1));
+    MS_FAST_OR(ms_enter_fast(st, args, nargs), ms_full_start);
 }
 
 __attribute__((used, noinline))
 PyObject *ms_on_throw(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    MS_HOLD_SELF(ms_enter(self, args, nargs, 0));
+    return ms_full_throw(self, args, nargs);
 }
 
 __attribute__((used, noinline))
 PyObject *ms_on_return(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    MS_HOLD_SELF(ms_leave(self, args, nargs, 1, 0));
+    MS_FAST_OR(ms_leave_fast(st, args, nargs, 0), ms_full_return);
 }
 
 __attribute__((used, noinline))
 PyObject *ms_on_yield(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    MS_HOLD_SELF(ms_leave(self, args, nargs, 1, 1));
+    MS_FAST_OR(ms_leave_fast(st, args, nargs, 1), ms_full_yield);
 }
 
 __attribute__((used, noinline))
 PyObject *ms_on_unwind(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    MS_HOLD_SELF(ms_leave(self, args, nargs, 0, 0));
+    MS_FAST_OR(ms_leave_fast(st, args, nargs, 0), ms_full_unwind);
 }
 
 /* The same callbacks as vectorcall functions. The loader writes them into the
@@ -1072,7 +1272,7 @@ static PyObject *ms_vc_kwargs(PyObject *kwnames)
 }
 
 #define MS_VC_SELF(callable) (((PyCFunctionObject *)(callable))->m_self)
-#define MS_VC(name, body)                                                                       \
+#define MS_VC(name, fast, body)                                                                 \
     __attribute__((used, noinline)) PyObject *name(PyObject *callable, PyObject *const *args, \
                                                    size_t nargsf, PyObject *kwnames)           \
     {                                                                                           \
@@ -1081,7 +1281,7 @@ static PyObject *ms_vc_kwargs(PyObject *kwnames)
         }                                                                                       \
         PyObject *self = MS_VC_SELF(callable);                                                  \
         Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);                                          \
-        MS_HOLD_SELF(body);                                                                     \
+        MS_FAST_OR(fast, body);                                                                 \
     }
 
 /* The loader's check that a vectorcall function written into a builtin's field is the
@@ -1096,11 +1296,11 @@ PyObject *ms_vc_probe(PyObject *callable, PyObject *const *args, size_t nargsf, 
     return callable;
 }
 
-MS_VC(ms_vc_start, ms_enter(self, args, nargs, 1))
-MS_VC(ms_vc_throw, ms_enter(self, args, nargs, 0))
-MS_VC(ms_vc_return, ms_leave(self, args, nargs, 1, 0))
-MS_VC(ms_vc_yield, ms_leave(self, args, nargs, 1, 1))
-MS_VC(ms_vc_unwind, ms_leave(self, args, nargs, 0, 0))
+MS_VC(ms_vc_start, ms_enter_fast(st, args, nargs), ms_full_start)
+MS_VC(ms_vc_throw, ((void)st, (PyObject *)NULL), ms_full_throw)
+MS_VC(ms_vc_return, ms_leave_fast(st, args, nargs, 0), ms_full_return)
+MS_VC(ms_vc_yield, ms_leave_fast(st, args, nargs, 1), ms_full_yield)
+MS_VC(ms_vc_unwind, ms_leave_fast(st, args, nargs, 0), ms_full_unwind)
 
 /* snapshot_fast() -> (top, lasti) or None. The O(1) case of a snapshot, natively:
  * called from monstack.snapshot(), it looks at snapshot()'s caller (the frame before
@@ -1266,6 +1466,7 @@ static PyObject *ms_snap_alloc(PyTypeObject *cls)
     if (mem == NULL) {
         return API.PyErr_NoMemory();
     }
+#pragma GCC unroll 16
     for (size_t i = 0; i < (sizeof(PyGC_Head) + MS_SNAP_SIZE) / sizeof(uintptr_t); i++) {
         mem[i] = 0; /* _gc_next = 0: not tracked; items NULL */
     }
