@@ -15,6 +15,9 @@ from ._origin import (
 from ._settings import PROPAGATION_POINTS
 from ._snapshot import Snapshot
 from ._startup import install_from_env
+from . import _dumpsig
+
+_dumpsig.register()  # install()/uninstall() set up and undo MONSTACK_DUMP_SIGNAL
 
 __version__ = "0.1.0"
 
