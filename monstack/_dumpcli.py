@@ -178,6 +178,7 @@ class _Exchange:
         except OSError as exc:
             raise DumpError(f"cannot create {proto.dir_path(target.uid)}: {exc.strerror}") from None
         self.answered = False
+        proto.clean_stale(self.dirfd)
         color = "color" if _color() else "plain"
         try:
             proto.write_new(
@@ -362,8 +363,8 @@ def dump_process(pid: int, timeout: float = DEFAULT_TIMEOUT) -> str:
         if text is None:
             raise DumpError(
                 f"timed out after {timeout:g} s: process {pid} has not run Python in its main thread since the "
-                "request (it waits in sleep, a lock, a join or I/O, or runs C code); the request is withdrawn. "
-                f"{why_no_signal}: {HOW_TO_SIGNAL}"
+                "request (blocked in sleep, a lock, a join or I/O, or busy in C code); the request is withdrawn. "
+                "To dump a blocked process, start it with MONSTACK=1 MONSTACK_DUMP_SIGNAL=USR1"
             )
         return text
     finally:

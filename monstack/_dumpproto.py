@@ -328,6 +328,21 @@ def read_output(dirfd: int, pid: int, token: str, uid: int) -> "str | None":
     return data.decode("utf-8", "replace")
 
 
+def clean_stale(dirfd: int) -> None:
+    """Delete the exchange files of processes that no longer exist (a target that ended
+    with a request, or a remote script, still waiting)."""
+    try:
+        names = os.listdir(dirfd)
+    except OSError:
+        return
+    for name in names:
+        if not name.startswith("dump-"):
+            continue
+        pid_text = name[5:].split("-", 1)[0]
+        if pid_text.isdigit() and not os.path.exists(f"/proc/{pid_text}"):
+            _unlink(dirfd, name)
+
+
 def withdraw(dirfd: int, pid: int, token: str, uid: int, gid: int) -> None:
     """Replace the request (if still there) by a withdrawal, so a late answer writes nothing."""
     tmp = f"dump-{pid}-{token}.withdrawn"
