@@ -63,8 +63,38 @@ def linked_suspended(frame: FrameType) -> bool:
     return raw[at] == DELEGATION_OP and (not _RESUME_AFTER_YIELD or (raw[at + 1] & 3) >= 2)
 
 
+class _Local(_thread._local):
+    """``_thread._local`` whose per-thread dicts are registered, so other threads can read
+    a thread's stack (``monstack.threads()``, ``monstack.dump()``).
+
+    CPython calls ``__init__`` in each thread when the thread first uses the local, even
+    when that first use is a native ``PyObject_SetAttr`` (the 3.11 shim seeds a thread in
+    C); the callbacks replace a thread's ``cell`` (seed, resync) but never its dict, so
+    ``REGISTRY[ident]["cell"]`` is always that thread's current cell. No slots of its own:
+    the layout the native code reads is ``_thread._local``'s."""
+
+    __slots__ = ()
+
+    def __init__(self) -> None:
+        try:
+            ident = _get_ident()
+            threading = _sys_modules.get("threading")
+            active = getattr(threading, "_active", None) if threading is not None else None
+            owner = active.get(ident) if active is not None else None
+            REGISTRY[ident] = (self.__dict__, owner)
+        except Exception:  # never break the thread: it only stays unreadable from others
+            pass
+
+
+#: ident -> (that thread's dict of ``TLS``, its ``threading.Thread`` at registration or
+#: None). Written by each thread for itself (one dict store: atomic under the GIL), read by
+#: any; entries of dead threads stay until a reader prunes them (``registered``).
+REGISTRY: dict = {}
+_get_ident = _thread.get_ident
+_sys_modules = __import__("sys").modules
+
 #: Per-thread state shared by all tracking backends (see module docstring).
-TLS = _thread._local()
+TLS: _thread._local = _Local()
 
 #: How often a thread's stack was seeded from / rebuilt after disagreeing with the real
 #: frames ("resync": the slow path; tests assert ordinary code never needs one) / rebuilt
@@ -81,7 +111,32 @@ def reset_tls() -> None:
     reseeds from its real frames at its next event.
     """
     global TLS
-    TLS = _thread._local()
+    REGISTRY.clear()
+    TLS = _Local()
+
+
+def registered(live: "Optional[Any]" = None) -> dict:
+    """``ident -> (dict, thread)`` of the threads whose ``TLS`` dict is registered, without
+    the threads not in ``live`` (idents of live threads, e.g. ``sys._current_frames()``),
+    whose entries are pruned. A copy: safe to iterate while threads come and go."""
+    for _ in range(100):
+        try:
+            reg = dict(REGISTRY)
+            break
+        except RuntimeError:  # changed size during the copy (free-threaded builds)
+            continue
+    else:
+        return {}
+    if live is not None:
+        dead = [i for i in reg if i not in live]
+        for ident in dead:
+            entry = reg.pop(ident)
+            # Only when many are dead: a thread starting now may take a dead one's ident
+            # and register between the test and the pop (then it is unreadable until the
+            # next install); idents are reused, so dead entries stay few anyway.
+            if len(dead) > 16 and REGISTRY.get(ident) is entry:
+                REGISTRY.pop(ident, None)
+    return reg
 
 
 def get_cell() -> list:
