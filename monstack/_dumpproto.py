@@ -220,14 +220,15 @@ def plain_report(note: str) -> str:
     names = {t.ident: t for t in threading.enumerate()}
     here = threading.get_ident()
     main = threading.main_thread().ident
-    ours = (sys._getframe().f_code.co_filename, "<string>")  # this file, or the remote script
+    this = sys._getframe().f_code.co_filename  # this file, or "<string>" in the remote script
+    ours = (this, "<string>", os.path.join(os.path.dirname(this), "_dumpsig.py"))
     lines = [f"{note}\n"]
     frames = sys._current_frames()
     for ident in sorted(frames, key=lambda i: (i != main, i)):
         entries = traceback.extract_stack(frames[ident])
         if ident == here:  # leave out the dump's own frames (the handler, the script)
             for i, entry in enumerate(entries):
-                if entry.filename in ours or entry.filename.endswith(("_dumpsig.py", "_dumpproto.py")):
+                if entry.filename in ours:
                     del entries[i:]
                     break
         thread = names.get(ident)
