@@ -267,7 +267,7 @@ def _remote_error(pid: int, text: str) -> DumpError:
     )
 
 
-def _remote_exec(target: _Target, script: str) -> None:
+def _remote_exec(target: _Target, script: str, why_no_signal: str) -> None:
     pid = target.pid
     if _same_interpreter(pid) and hasattr(sys, "remote_exec"):
         try:
@@ -292,8 +292,8 @@ def _remote_exec(target: _Target, script: str) -> None:
                 raise _remote_error(pid, f"{type(exc).__name__}: {exc}") from None
             return
         raise DumpError(
-            f"process {pid} ({base}) has no monstack dump signal, and this Python "
-            f"{sys.version_info[0]}.{sys.version_info[1]} cannot attach to it; {HOW_TO_SIGNAL}"
+            f"{why_no_signal}, and this Python {sys.version_info[0]}.{sys.version_info[1]} cannot attach to "
+            f"it ({base} is not a Python 3.14+ interpreter); {HOW_TO_SIGNAL}"
         )
     env = {k: v for k, v in os.environ.items() if not k.startswith("MONSTACK")}
     try:
@@ -309,8 +309,7 @@ def _remote_exec(target: _Target, script: str) -> None:
     if done.returncode == 3 and last.startswith("no-remote-exec"):
         version = last.split()[-1]
         raise DumpError(
-            f"process {pid} has no monstack dump signal ({DUMP_SIGNAL_ENV} unset) and runs Python {version}, "
-            f"older than 3.14 (no sys.remote_exec); {HOW_TO_SIGNAL}"
+            f"{why_no_signal}, and it runs Python {version}, older than 3.14 (no sys.remote_exec); {HOW_TO_SIGNAL}"
         )
     if done.returncode != 0:
         raise _remote_error(pid, last)
@@ -358,7 +357,7 @@ def dump_process(pid: int, timeout: float = DEFAULT_TIMEOUT) -> str:
             script = exchange.script()
         except OSError as exc:
             raise DumpError(f"cannot write the remote script: {exc.strerror}") from None
-        _remote_exec(target, script)
+        _remote_exec(target, script, why_no_signal)
         text = exchange.wait(timeout)
         if text is None:
             raise DumpError(

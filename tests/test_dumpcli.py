@@ -109,11 +109,15 @@ def need_root() -> None:
 
 def need_interpreter_for(uid: int) -> None:
     """This interpreter (and monstack) must be usable by ``uid`` (pyenv's live in /root)."""
-    out = subprocess.run(
-        [sys.executable, "-c", "import monstack"], preexec_fn=_user(uid), capture_output=True, cwd="/",
-        env=_env(PYTHONPATH=str(REPO)),
-    )
-    if out.returncode != 0:
+    try:
+        out = subprocess.run(
+            [sys.executable, "-c", "import monstack"], preexec_fn=_user(uid), capture_output=True, cwd="/",
+            env=_env(PYTHONPATH=str(REPO)),
+        )
+        usable = out.returncode == 0
+    except OSError:
+        usable = False
+    if not usable:
         reason = f"{sys.executable} or monstack cannot be run by uid {uid} here"
         if CI:
             pytest.fail(reason, pytrace=False)
