@@ -19,7 +19,10 @@ import threading
 import traceback
 from typing import Any, Optional
 
-import pytest
+try:
+    import pytest
+except ImportError:  # only pytest loads this module (a test dependency, not a runtime one)
+    pytest = None  # type: ignore[assignment]
 
 #: The title of the separators around the report.
 TITLE = "Timeout"
@@ -92,7 +95,7 @@ def set_timer(item: Any, settings: Any) -> Optional[bool]:
     """pytest-timeout's ``pytest_timeout_set_timer`` with monstack's report; None leaves
     the timer to pytest-timeout."""
     try:
-        import pytest_timeout as pt
+        import pytest_timeout as pt  # type: ignore[import-untyped, unused-ignore]
 
         pt.is_debugging, pt.PYTEST_FAILURE_MESSAGE  # noqa: B018  (what this relies on)
         method = settings.method
