@@ -58,7 +58,22 @@ class Targets:
         self.procs.append(proc)
         line = proc.stdout.readline()
         assert line == b"ready\n", (line, self.stderr(proc))
+        self.wait_waiting(proc.pid)
         return proc
+
+    @staticmethod
+    def wait_waiting(pid: int) -> None:
+        """Until the main thread waits (past its "ready" line: in the mode's wait)."""
+        deadline = time.monotonic() + 30
+        seen = 0
+        while seen < 3 and time.monotonic() < deadline:
+            try:
+                with open(f"/proc/{pid}/task/{pid}/stat") as f:
+                    state = f.read().rsplit(")", 1)[1].split()[0]
+            except OSError:
+                return
+            seen = seen + 1 if state == "S" else 0
+            time.sleep(0.02)
 
     @staticmethod
     def stderr(proc: subprocess.Popen) -> str:
