@@ -96,6 +96,15 @@ _sys_modules = __import__("sys").modules
 #: Per-thread state shared by all tracking backends (see module docstring).
 TLS: _thread._local = _Local()
 
+#: Filled copies of other threads' tops whose call sites were unknown (``_threads``):
+#: id(top) -> (top, filled). Another thread's cell is never written (it may push or pop
+#: meanwhile); a thread whose stack has not changed since the last ``threads()`` (a hung
+#: one) is answered in O(1) again. Holding ``top`` keeps its id from being reused (and the
+#: native callbacks from recycling it); nodes never change, and the frames below a node
+#: cannot change while it is on the stack. Bounded (the oldest go first); emptied with TLS.
+FILLED: dict = {}
+FILLED_CACHE_SIZE = 1024
+
 #: How often a thread's stack was seeded from / rebuilt after disagreeing with the real
 #: frames ("resync": the slow path; tests assert ordinary code never needs one) / rebuilt
 #: because a throw entered a generator ("throw": by design, see ``_sysmon.on_throw``).
@@ -112,6 +121,7 @@ def reset_tls() -> None:
     """
     global TLS
     REGISTRY.clear()
+    FILLED.clear()
     TLS = _Local()
 
 
