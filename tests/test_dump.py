@@ -18,7 +18,7 @@ import pytest
 import monstack
 from monstack import _dump, _threads
 
-from conftest import FakeStream
+from conftest import FakeStream, integration_module
 from test_threads import Parked
 
 PROGRAMS = Path(__file__).resolve().parent / "programs"
@@ -135,6 +135,37 @@ def test_tasks_of_a_loop_in_another_thread():
     assert "awaiting <Future pending" in part
     assert "Task created at (most recent call last):" in part
     assert "# TASK-CREATED" in part
+
+
+@pytest.mark.integration
+def test_uvloop_tasks_in_another_thread():
+    """uvloop's run_forever has no Python frame: its loop is found through its tasks
+    (3.11-3.13) or the loops monstack's asyncio point saw create tasks (3.14+)."""
+    uvloop = integration_module("uvloop")
+    monstack.install()
+    ready, done = threading.Event(), threading.Event()
+    holder = {}
+
+    async def main():
+        holder["ev"] = asyncio.Event()
+        holder["task"] = asyncio.create_task(wait_forever(holder["ev"]), name="uv-waiter")  # UV-CREATED
+        holder["loop"] = asyncio.get_running_loop()
+        await asyncio.sleep(0)
+        ready.set()
+        await holder["task"]
+
+    t = threading.Thread(target=lambda: (uvloop.run(main()), done.set()), name="uv-loop", daemon=True)
+    t.start()
+    try:
+        assert ready.wait(30)
+        text = monstack._dump.report()
+    finally:
+        if "loop" in holder:
+            holder["loop"].call_soon_threadsafe(holder["ev"].set)
+        t.join(30)
+    assert re.search(r"^Asyncio loop uvloop\.Loop.*, running, 2 pending tasks:", text, re.M), text
+    part = section(text, 'Task "uv-waiter" (pending):')
+    assert "await ev.wait()  # TASK-WAITS" in part and "# UV-CREATED" in part
 
 
 def test_size_cap():
