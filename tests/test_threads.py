@@ -160,8 +160,8 @@ def test_registry_is_reset_by_install_and_uninstall():
     with Parked(count=2) as parked:
         monstack.threads()
         assert {t.ident for t in parked.threads} <= set(_stack.REGISTRY)
-        monstack.uninstall()  # a new TLS: only the thread that made it is registered
-        assert set(_stack.REGISTRY) == {threading.get_ident()}
+        monstack.uninstall()  # a new TLS: at most the thread that made it is registered
+        assert set(_stack.REGISTRY) <= {threading.get_ident()}
         monstack.install()
         check_against_oracle(parked)
 
