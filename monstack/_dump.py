@@ -240,7 +240,11 @@ def _task_section(task: Any, color: bool) -> list[str]:
 
 
 def _thread_section(ident: int, frame: Optional[FrameType], thread: Any, snap: Any, me: int, color: bool) -> list[str]:
-    out = [_thread_heading(ident, thread, me, color), STACK_HEADING + "\n"]
+    out = [_thread_heading(ident, thread, me, color)]
+    if isinstance(getattr(thread, "_target", None), _WatchdogRun):
+        out.append("  (monstack's dump_later watchdog)\n")
+        return out
+    out.append(STACK_HEADING + "\n")
     recs = _frame_records(frame)
     if recs:
         out.extend(_format.format_records(recs, color, FRAME_LIMIT))
@@ -382,12 +386,22 @@ class _Watchdog:
         self.repeat = repeat
         self.file = file
         self.cancelled = threading.Event()
-        self.thread = threading.Thread(target=self._run, name="monstack-dump-later", daemon=True)
+        self.thread = threading.Thread(target=_WatchdogRun(self), name="monstack-dump-later", daemon=True)
 
-    def _run(self) -> None:
-        while not self.cancelled.wait(self.timeout):
-            dump(self.file)
-            if not self.repeat:
+
+class _WatchdogRun:
+    """A watchdog thread's target (what the report recognises it by)."""
+
+    __slots__ = ("watchdog",)
+
+    def __init__(self, watchdog: _Watchdog) -> None:
+        self.watchdog = watchdog
+
+    def __call__(self) -> None:
+        w = self.watchdog
+        while not w.cancelled.wait(w.timeout):
+            dump(w.file)
+            if not w.repeat:
                 break
 
 
@@ -401,10 +415,9 @@ def dump_later(timeout: float, repeat: bool = False, file: Optional[IO[str]] = N
     ``dump_later``. Like ``faulthandler.dump_traceback_later``, with origins and tasks, but
     in a Python thread: a thread holding the GIL inside C (a C extension's loop that never
     releases it) keeps it from running, where faulthandler's C watchdog still fires."""
-    try:
-        timeout = float(timeout)
-    except (TypeError, ValueError):
-        raise TypeError(f"timeout must be a number, got {type(timeout).__name__}") from None
+    if isinstance(timeout, (str, bytes, bool)) or not hasattr(timeout, "__float__"):
+        raise TypeError(f"timeout must be a number, got {type(timeout).__name__}")
+    timeout = float(timeout)
     if not timeout > 0 or timeout != timeout or timeout == float("inf"):
         raise ValueError("timeout must be greater than 0")
     global _watchdog

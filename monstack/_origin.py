@@ -36,7 +36,6 @@ _SIDE: dict[int, tuple] = {}
 
 _get_ident = _thread.get_ident
 _running_get = RUNNING.get
-_running_pop = RUNNING.pop
 
 
 def _snap() -> Snapshot:
@@ -83,10 +82,7 @@ class _WithOrigin:
             _drop_own_entry(exc, sys._getframe())
             raise
         finally:
-            if prev is None:
-                _running_pop(ident, None)
-            else:
-                RUNNING[ident] = prev
+            RUNNING[ident] = prev
             try:
                 CURRENT_ORIGIN.reset(token)
             except Exception:  # entered another context in between: leave it be
@@ -257,10 +253,7 @@ class _RunOf:
             _drop_own_entry(exc, sys._getframe())
             raise
         finally:
-            if prev is None:
-                _running_pop(ident, None)
-            else:
-                RUNNING[ident] = prev
+            RUNNING[ident] = prev
             try:
                 CURRENT_ORIGIN.reset(token)
             except Exception:
@@ -344,10 +337,7 @@ class origin:
         token, self._token = self._token, None
         prev, self._prev = self._prev, None
         if prev is not None:
-            if prev[1] is None:
-                _running_pop(prev[0], None)
-            else:
-                RUNNING[prev[0]] = prev[1]
+            RUNNING[prev[0]] = prev[1]
         if isinstance(exc, Exception) and self._snap is not None:
             _attach_if_absent(exc, self._snap)
         if token is not None:

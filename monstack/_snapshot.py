@@ -29,7 +29,8 @@ CURRENT_ORIGIN: "contextvars.ContextVar[Optional[Snapshot]]" = contextvars.Conte
 #: ident -> the origin of the work that thread is running now, for other threads to read
 #: (``monstack.threads()``): ``CURRENT_ORIGIN`` is invisible outside its thread. Each
 #: wrapper that runs work with an origin (``_origin``, ``_propagate``) sets its own
-#: thread's key and restores it after (one dict store each way: atomic under the GIL).
+#: thread's key and restores it after (one dict store each way: atomic under the GIL;
+#: a pool worker between jobs keeps a None entry, a thread's own start wrapper removes it).
 RUNNING: dict = {}
 
 #: How many origin hops a snapshot shows (``install(chain_limit=...)``). Chains are also

@@ -63,27 +63,36 @@ def linked_suspended(frame: FrameType) -> bool:
     return raw[at] == DELEGATION_OP and (not _RESUME_AFTER_YIELD or (raw[at + 1] & 3) >= 2)
 
 
-class _Local(_thread._local):
-    """``_thread._local`` whose per-thread dicts are registered, so other threads can read
-    a thread's stack (``monstack.threads()``, ``monstack.dump()``).
+def register(tls: Any = None) -> None:
+    """Make this thread's stack readable from other threads (``monstack.threads()``,
+    dumps): records its ``TLS`` dict in ``REGISTRY``. Called wherever Python code creates
+    or replaces a thread's cell (seeding, resync: rare); the callbacks replace a thread's
+    cell but never its dict, so the registry always leads to the current cell. Never
+    raises (the thread then stays readable from its frames only)."""
+    try:
+        d = (TLS if tls is None else tls).__dict__
+        ident = _get_ident()
+        entry = REGISTRY.get(ident)
+        if entry is None or entry[0] is not d:
+            threading = _sys_modules.get("threading")
+            active = getattr(threading, "_active", None) if threading is not None else None
+            REGISTRY[ident] = (d, active.get(ident) if active is not None else None)
+    except Exception:
+        pass
 
-    CPython calls ``__init__`` in each thread when the thread first uses the local, even
-    when that first use is a native ``PyObject_SetAttr`` (the 3.11 shim seeds a thread in
-    C); the callbacks replace a thread's ``cell`` (seed, resync) but never its dict, so
-    ``REGISTRY[ident]["cell"]`` is always that thread's current cell. No slots of its own:
-    the layout the native code reads is ``_thread._local``'s."""
+
+class _SelfRegistering(_thread._local):
+    """A ``_thread._local`` that registers each thread's dict itself, for a backend whose
+    native code creates cells (the 3.11 shim seeds a thread with a C ``setattr``): CPython
+    calls ``__init__`` in each thread at its first use of the local, from C too. Not the
+    default: a subclass's attribute reads take the generic path, about 10 ns more per read
+    of ``TLS.cell`` by the pure-Python callbacks. No slots of its own: the layout the native
+    code reads is ``_thread._local``'s."""
 
     __slots__ = ()
 
     def __init__(self) -> None:
-        try:
-            ident = _get_ident()
-            threading = _sys_modules.get("threading")
-            active = getattr(threading, "_active", None) if threading is not None else None
-            owner = active.get(ident) if active is not None else None
-            REGISTRY[ident] = (self.__dict__, owner)
-        except Exception:  # never break the thread: it only stays unreadable from others
-            pass
+        register(self)
 
 
 #: ident -> (that thread's dict of ``TLS``, its ``threading.Thread`` at registration or
@@ -94,7 +103,16 @@ _get_ident = _thread.get_ident
 _sys_modules = __import__("sys").modules
 
 #: Per-thread state shared by all tracking backends (see module docstring).
-TLS: _thread._local = _Local()
+TLS: _thread._local = _thread._local()
+
+#: Filled copies of other threads' tops whose call sites were unknown (``_threads``):
+#: id(top) -> (top, filled). Another thread's cell is never written (it may push or pop
+#: meanwhile); a thread whose stack has not changed since the last ``threads()`` (a hung
+#: one) is answered in O(1) again. Holding ``top`` keeps its id from being reused (and the
+#: native callbacks from recycling it); nodes never change, and the frames below a node
+#: cannot change while it is on the stack. Bounded (the oldest go first); emptied with TLS.
+FILLED: dict = {}
+FILLED_CACHE_SIZE = 1024
 
 #: How often a thread's stack was seeded from / rebuilt after disagreeing with the real
 #: frames ("resync": the slow path; tests assert ordinary code never needs one) / rebuilt
@@ -104,15 +122,18 @@ TLS: _thread._local = _Local()
 STATS = {"seed": 0, "resync": 0, "throw": 0, "recursion": 0}
 
 
-def reset_tls() -> None:
-    """Forget every thread's stack at once (install/uninstall): a new ``_thread._local``.
+def reset_tls(self_registering: bool = False) -> None:
+    """Forget every thread's stack at once (install/uninstall): a new ``_thread._local``
+    (``self_registering``: one that registers each thread's dict by itself, for native
+    code that creates cells).
 
     Threads keep running while monstack is off, so old stacks are stale; each thread
     reseeds from its real frames at its next event.
     """
     global TLS
     REGISTRY.clear()
-    TLS = _Local()
+    FILLED.clear()
+    TLS = _SelfRegistering() if self_registering else _thread._local()
 
 
 def registered(live: "Optional[Any]" = None) -> dict:
@@ -145,6 +166,7 @@ def get_cell() -> list:
         return TLS.cell
     except AttributeError:
         cell = TLS.cell = [None]
+        register()
         return cell
 
 
@@ -366,6 +388,7 @@ def make_capture(policy: "Policy"):
             cell = tls.cell
         except AttributeError:
             cell = tls.cell = [None]
+            register(tls)
             STATS["seed"] += 1
             cell[0], top = rebuild(f, policy)
             return top, (f.f_lasti if f is not None else UNKNOWN)

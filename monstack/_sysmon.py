@@ -82,6 +82,7 @@ def _callbacks(policy: Policy, tls, on_error: Callable[[BaseException], None]):
     by_file = policy.tracked_files()
     is_tracked = policy.is_tracked
     build = _stack.build
+    register = _stack.register
     UNKNOWN = _stack.UNKNOWN
     stats = _stack.STATS
 
@@ -103,6 +104,7 @@ def _callbacks(policy: Policy, tls, on_error: Callable[[BaseException], None]):
         except ValueError:  # the event's frame is the thread's first (threading bootstrap)
             caller = None
         cell = tls.cell = [build(caller, policy, _linked_suspended, None, None, True)[0]]
+        register(tls)
         stats["seed"] += 1
         return cell
 
@@ -112,6 +114,7 @@ def _callbacks(policy: Policy, tls, on_error: Callable[[BaseException], None]):
         except ValueError:  # the event's frame is the thread's first
             caller = None
         tls.cell = [build(caller, policy, _linked_suspended, None, None, True)[0]]
+        register(tls)
         stats["resync"] += 1
 
     # The codes whose yield may answer a running throw while outer generators are linked
@@ -175,6 +178,7 @@ def _callbacks(policy: Policy, tls, on_error: Callable[[BaseException], None]):
                 tls.cell[0] = top
             except AttributeError:
                 tls.cell = [top]
+                register(tls)
                 stats["seed"] += 1
             stats["throw"] += 1
             # The yields that may answer a throw while generators are linked in: those of

@@ -75,10 +75,26 @@ def top_of(entry: Optional[tuple], frame: Optional[FrameType], policy: Policy, o
                 if top is not None and top[0] is f.f_code:
                     if top[2] != _UNKNOWN:
                         return top, f.f_lasti
+                    hit = _FILLED.get(id(top))  # (see _stack.FILLED)
+                    if hit is not None and hit[0] is top:
+                        return hit[1], f.f_lasti
                     filled = _stack._fill(top, f, policy)
                     if filled is not None and filled is not _stack.LINKED:
+                        _remember(top, filled)
                         return filled, f.f_lasti
     return _stack.build(f, policy)
+
+
+def _remember(top: Any, filled: Any) -> None:
+    if len(_FILLED) >= _stack.FILLED_CACHE_SIZE:
+        try:
+            del _FILLED[next(iter(_FILLED))]
+        except (StopIteration, KeyError, RuntimeError):
+            pass
+    _FILLED[id(top)] = (top, filled)
+
+
+_FILLED = _stack.FILLED
 
 
 def threads() -> dict[int, Snapshot]:
