@@ -48,10 +48,11 @@ class Targets:
         self.procs: list[subprocess.Popen] = []
         self.tmp_path = tmp_path
 
-    def start(self, *args: str, python: str = sys.executable, uid: "int | None" = None, **env: str) -> subprocess.Popen:
+    def start(self, *args: str, python: str = sys.executable, uid: "int | None" = None, script: Path = PROGRAM,
+              **env: str) -> subprocess.Popen:
         err = open(self.tmp_path / f"target-{len(self.procs)}.err", "w+b")
         proc = subprocess.Popen(
-            [python, str(PROGRAM), *args], stdout=subprocess.PIPE, stderr=err, env=_env(**env),
+            [python, str(script), *args], stdout=subprocess.PIPE, stderr=err, env=_env(**env),
             preexec_fn=_user(uid) if uid is not None else None, cwd="/",
         )
         proc.err_file = err  # type: ignore[attr-defined]
@@ -205,6 +206,30 @@ def test_a_signal_that_times_out_is_withdrawn(targets, monkeypatch):
     time.sleep(0.5)  # the pending signal is handled now: it finds the withdrawal, says nothing
     assert target.poll() is None and targets.stderr(target) == ""
     assert [n for n in os.listdir(_dumpproto.dir_path(os.geteuid())) if n.startswith(f"dump-{target.pid}-")] == []
+
+
+@pytest.mark.parametrize("program", ["hang_deadlock.py", "hang_pool.py", "hang_asyncio.py", "hang_sleep.py"])
+def test_signal_path_on_the_hung_programs(targets, program):
+    """Every waiting line and every creating line of the hung programs (each marked with a
+    ``# WAITS-...``/``# STARTS-...`` comment), from outside, main thread blocked or not."""
+    import re
+
+    path = PROGRAM.parent / program
+    markers = sorted(set(re.findall(r"# [A-Z][A-Z-]+", path.read_text())))
+    assert markers
+    target = targets.start(
+        "wait", script=path, MONSTACK="1", MONSTACK_DUMP_SIGNAL="USR1",
+        PYTHONPATH=os.pathsep.join([str(PROGRAM.parent), str(REPO)]),
+    )
+    for _ in range(50):  # until every thread has reached its wait
+        out = dump(target.pid)
+        assert out.returncode == 0, out.stderr
+        missing = [m for m in markers if m not in out.stdout]
+        if not missing:
+            break
+        time.sleep(0.1)
+    assert missing == [], out.stdout
+    assert targets.stderr(target) == ""
 
 
 # -- the remote path (3.14+) ----------------------------------------------------------------
