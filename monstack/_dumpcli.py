@@ -89,6 +89,29 @@ class _Target:
             if sep:
                 self.environ[key.decode("utf-8", "replace")] = value.decode("utf-8", "replace")
 
+    def declared_signal(self) -> str:
+        """The dump signal the process declared: ``MONSTACK_DUMP_SIGNAL`` in the environment
+        it started with, or ``--dump-signal`` of ``python -m monstack run`` (which sets the
+        variable only after start)."""
+        declared = self.environ.get(DUMP_SIGNAL_ENV, "").strip()
+        try:
+            with open(f"/proc/{self.pid}/cmdline", "rb") as f:
+                argv = [a.decode("utf-8", "replace") for a in f.read().split(b"\0")[:-1]]
+        except OSError:
+            return declared
+        for i in range(len(argv) - 2):
+            if argv[i : i + 3] == ["-m", "monstack", "run"]:
+                from ._run import split_argv
+
+                options = split_argv(argv[i + 3 :])[0]
+                for j, word in enumerate(options):
+                    if word.startswith("--dump-signal="):
+                        declared = word.split("=", 1)[1].strip()
+                    elif word == "--dump-signal" and j + 1 < len(options):
+                        declared = options[j + 1].strip()
+                break
+        return declared
+
     def handles(self, signum: int) -> bool:
         return bool(self.caught >> (signum - 1) & 1)
 
@@ -320,8 +343,8 @@ def dump_process(pid: int, timeout: float = DEFAULT_TIMEOUT) -> str:
     import signal
 
     target = _Target(pid)
-    declared = target.environ.get(DUMP_SIGNAL_ENV, "").strip()
-    name = env_dump_signal(target.environ)
+    declared = target.declared_signal()
+    name = env_dump_signal({DUMP_SIGNAL_ENV: declared})
     signum = getattr(signal, name, None) if name else None
     if isinstance(signum, int) and target.handles(signum):
         exchange = _Exchange(target)

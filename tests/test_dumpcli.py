@@ -49,10 +49,10 @@ class Targets:
         self.tmp_path = tmp_path
 
     def start(self, *args: str, python: str = sys.executable, uid: "int | None" = None, script: Path = PROGRAM,
-              **env: str) -> subprocess.Popen:
+              runner: tuple = (), **env: str) -> subprocess.Popen:
         err = open(self.tmp_path / f"target-{len(self.procs)}.err", "w+b")
         proc = subprocess.Popen(
-            [python, str(script), *args], stdout=subprocess.PIPE, stderr=err, env=_env(**env),
+            [python, *runner, str(script), *args], stdout=subprocess.PIPE, stderr=err, env=_env(**env),
             preexec_fn=_user(uid) if uid is not None else None, cwd="/",
         )
         proc.err_file = err  # type: ignore[attr-defined]
@@ -167,6 +167,16 @@ def test_signal_path_reports_every_thread_and_origin(targets, mode):
     again = dump(target.pid)  # answers again
     assert again.returncode == 0 and MAIN_LINES[mode] in again.stdout
     assert [n for n in os.listdir(_dumpproto.dir_path(os.geteuid())) if n.startswith(f"dump-{target.pid}-")] == []
+
+
+@pytest.mark.parametrize("option", [("--dump-signal", "usr2"), ("--dump-signal=SIGUSR2",)])
+def test_the_runners_dump_signal_option_is_found(targets, option):
+    """``python -m monstack run --dump-signal`` sets the variable after the process started
+    (not in /proc/PID/environ): the command reads the option from the command line."""
+    target = targets.start("sleep", runner=("-m", "monstack", "run", *option), PYTHONPATH=str(REPO))
+    out = dump(target.pid)
+    assert out.returncode == 0, out.stderr
+    assert MAIN_LINES["sleep"] in out.stdout and WORKER_LINES[1] in out.stdout
 
 
 def test_a_plain_kill_writes_the_report_to_the_targets_stderr(targets):
