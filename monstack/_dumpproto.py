@@ -33,8 +33,6 @@ import sys
 BASE = "/tmp"
 MAGIC = "monstack-dump 1"
 WITHDRAWN = "withdrawn"
-#: The default report size cap (bytes) for a report sent to another process.
-LIMIT_BYTES = 4_000_000
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _DIRECTORY = getattr(os, "O_DIRECTORY", 0)
@@ -243,7 +241,7 @@ def plain_report(note: str) -> str:
     return "".join(lines)
 
 
-def report_text(color: bool = False, limit_bytes: int = LIMIT_BYTES) -> str:
+def report_text(color: bool = False) -> str:
     """monstack's report when monstack is in this process, else plain stacks that say so.
     Never raises."""
     try:
@@ -253,7 +251,7 @@ def report_text(color: bool = False, limit_bytes: int = LIMIT_BYTES) -> str:
 
             dump_module = importlib.import_module("monstack._dump")
         if dump_module is not None:
-            return dump_module.report(color=color, limit_bytes=limit_bytes)
+            return dump_module.report(color=color)  # its default size cap
         return plain_report(
             f"monstack is not imported in process {os.getpid()}: the stacks below have no origins "
             "(start it with MONSTACK=1 to see where each thread's work came from)."
