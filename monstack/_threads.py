@@ -33,8 +33,12 @@ def note_loop(loop: Any) -> None:
     key = id(loop)
     if key in LOOPS:
         return
+
+    def forget(_ref: Any, key: int = key) -> None:
+        LOOPS.pop(key, None)
+
     try:
-        LOOPS[key] = weakref.ref(loop, lambda _r, key=key: LOOPS.pop(key, None))
+        LOOPS[key] = weakref.ref(loop, forget)
     except TypeError:
         pass
 
