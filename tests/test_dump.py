@@ -51,6 +51,12 @@ def section(report: str, heading_start: str) -> str:
     return report[start: start + 1 + nxt.start()] if nxt else report[start:]
 
 
+def test_public_exports():
+    for name in ("threads", "dump", "dump_later", "cancel_dump_later"):
+        assert name in monstack.__all__ and hasattr(monstack, name), name
+    assert monstack.dump is _dump.dump and monstack.threads is _threads.threads
+
+
 def test_report_of_parked_threads():
     monstack.install()
     with Parked(count=2, depth=3, name="parked") as parked:
