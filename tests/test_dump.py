@@ -66,8 +66,6 @@ def test_report_of_parked_threads():
     for t in parked.threads:
         part = section(text, f'Thread "{t.name}" (ident {t.ident:#x}, daemon')
         assert "Stack (most recent call last):" in part
-        here = __file__.replace(".pyc", ".py")
-        assert f'File "{here}"' not in part or True
         assert "release.wait()  # the line every parked thread waits at" in part
         assert "threading.py" in part  # library frames included, down to the wait
         assert "Work created at (most recent call last):" in part
