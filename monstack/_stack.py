@@ -28,6 +28,8 @@ install, or started since). Native backends share exactly this structure.
 from __future__ import annotations
 
 import _thread
+import sys
+import weakref
 from types import CodeType, FrameType
 from typing import TYPE_CHECKING, Any, Callable, Optional, Tuple
 
@@ -76,7 +78,9 @@ def register(tls: Any = None) -> None:
         if entry is None or entry[0] is not d:
             threading = _sys_modules.get("threading")
             active = getattr(threading, "_active", None) if threading is not None else None
-            REGISTRY[ident] = (d, active.get(ident) if active is not None else None)
+            owner = active.get(ident) if active is not None else None
+            # (weakly: a finished Thread must be freed by reference counting, as without us)
+            REGISTRY[ident] = (d, _weakref(owner) if owner is not None else None)
     except Exception:
         pass
 
@@ -95,12 +99,13 @@ class _SelfRegistering(_thread._local):
         register(self)
 
 
-#: ident -> (that thread's dict of ``TLS``, its ``threading.Thread`` at registration or
-#: None). Written by each thread for itself (one dict store: atomic under the GIL), read by
+#: ident -> (that thread's dict of ``TLS``, a weak reference to its ``threading.Thread`` at
+#: registration, or None). Written by each thread for itself (one dict store: atomic under the GIL), read by
 #: any; entries of dead threads stay until a reader prunes them (``registered``).
 REGISTRY: dict = {}
 _get_ident = _thread.get_ident
-_sys_modules = __import__("sys").modules
+_sys_modules = sys.modules
+_weakref = weakref.ref
 
 #: Per-thread state shared by all tracking backends (see module docstring).
 TLS: _thread._local = _thread._local()

@@ -33,8 +33,12 @@ def note_loop(loop: Any) -> None:
     key = id(loop)
     if key in LOOPS:
         return
+
+    def forget(_ref: Any, key: int = key) -> None:
+        LOOPS.pop(key, None)
+
     try:
-        LOOPS[key] = weakref.ref(loop, lambda _r, key=key: LOOPS.pop(key, None))
+        LOOPS[key] = weakref.ref(loop, forget)
     except TypeError:
         pass
 
@@ -66,9 +70,9 @@ def top_of(entry: Optional[tuple], frame: Optional[FrameType], policy: Policy, o
     if f is None:
         return None, _UNKNOWN
     if entry is not None:
-        ldict, registered_owner = entry
+        ldict, owner_ref = entry
         # an ident reused by a thread that has not used TLS yet: its entry is a dead one's
-        if registered_owner is None or registered_owner is owner:
+        if owner_ref is None or owner_ref() is owner:
             cell = ldict.get("cell")
             if type(cell) is list and cell:
                 top = cell[0]

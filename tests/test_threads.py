@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -148,7 +149,8 @@ def test_a_stale_or_foreign_cell_is_not_trusted():
         try:
             assert got(monstack.threads()[ident]) == oracle(ident)
             # an entry registered by another Thread object than the one now under the ident
-            _stack.REGISTRY[ident] = (saved[0], object())
+            other = threading.Thread(target=lambda: None)
+            _stack.REGISTRY[ident] = (saved[0], weakref.ref(other))
             assert got(monstack.threads()[ident]) == oracle(ident)
         finally:
             _stack.REGISTRY[ident] = saved

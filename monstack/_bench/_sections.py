@@ -679,7 +679,7 @@ def _frames_and_walk() -> int:
     frames = sys._current_frames()
     n = 0
     for frame in frames.values():
-        f = frame
+        f: Optional[types.FrameType] = frame
         while f is not None:
             f.f_code, f.f_lasti
             f = f.f_back
@@ -737,7 +737,7 @@ def dump_costs(cfg: Config, w: Any = None) -> dict:
                     if r == 0:
                         snaps = monstack.threads()
                         out.setdefault("frames per thread", {})[str(depth)] = max(
-                            len(snaps[t.ident]) for t in parked.threads)
+                            len(snaps[t.ident]) for t in parked.threads if t.ident is not None)
                 finally:
                     parked.close()
             parked = _Parked(w, cfg.dump_threads, cfg.dump_report_depth)
