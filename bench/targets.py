@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Grade a bench run against the issue targets (issues 3, 7 and 10), for developers.
+"""Grade a bench run against the issue targets (issues 3, 7, 10 and 21), for developers.
 
 ``python -m monstack bench`` reports figures and the goals it states for users; this script
 reads its JSON output and prints, per issue target, the figure and the verdict (met, NOT MET,
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 #: Names the bench's JSON uses (monstack/_bench: SECTIONS, and the op-queue's two floor rows).
-SECTIONS = ("snapshot", "tax", "opqueue", "memory")
+SECTIONS = ("snapshot", "tax", "opqueue", "memory", "dump")
 NOISE_FLOOR = "no capture again (noise)"
 FILTERED_FLOOR = "every code filtered, no snapshot"
 
@@ -116,6 +116,16 @@ def targets(r: dict) -> list[dict]:
     for name, lv in (mem.get("liveness") or {}).items():
         ok = lv.get("local dead without gc") and lv.get("frame objects reachable from snapshots") == 0
         add(7, f"no frames kept alive ({name})", ok, bool(ok))
+    dump = r.get("dump") or {}
+    dr = _get(dump, "threads() depth ratio", "median")
+    if dr is not None:
+        d0, d1 = (dump.get("depths") or ["?", "?"])[0], (dump.get("depths") or ["?", "?"])[-1]
+        add(21, f"threads() x{dump.get('threads')} depth {d1} <= 1.5x depth {d0}", round(dr, 2), dr <= 1.5,
+            dump.get("backend", ""))
+        for d, s in (dump.get("threads() / extract_stack") or {}).items():
+            add(21, f"threads() < _current_frames()+extract_stack, depth {d}", round(s["median"], 3), s["median"] < 1)
+    for name, s in (dump.get("report ratios") or {}).items():
+        add(21, f"{name} / faulthandler, for information", round(s["median"], 2), None)
     if r.get("quick") and r.get("elapsed seconds") is not None and r.get("sections") == list(SECTIONS):
         add(7, "--quick under 30 s", round(r["elapsed seconds"], 1), r["elapsed seconds"] < 30)
     return out
@@ -123,7 +133,7 @@ def targets(r: dict) -> list[dict]:
 
 def render(verdicts: list[dict], file: Any) -> None:
     w = file.write
-    w("Targets (issues 3, 7, 10; stated for CPython 3.12):\n")
+    w("Targets (issues 3, 7, 10, 21; stated for CPython 3.12):\n")
     for t in verdicts:
         verdict = {True: "met", False: "NOT MET", None: "n/a"}[t["met"]]
         note = f"  ({t['note']})" if t["note"] else ""

@@ -1,6 +1,7 @@
 """monstack: per-thread shadow stacks, O(1) snapshots, and where failed work came from."""
 
 from ._capture import active_backend, snapshot, snapshotter, status
+from ._dump import cancel_dump_later, dump, dump_later
 from ._errors import MonstackWarning
 from ._install import install, uninstall
 from ._origin import (
@@ -15,6 +16,10 @@ from ._origin import (
 from ._settings import PROPAGATION_POINTS
 from ._snapshot import Snapshot
 from ._startup import install_from_env
+from ._threads import threads
+from . import _dumpsig
+
+_dumpsig.register()  # install()/uninstall() set up and undo MONSTACK_DUMP_SIGNAL
 
 __version__ = "0.1.0"
 
@@ -24,7 +29,10 @@ __all__ = [
     "Snapshot",
     "active_backend",
     "attach",
+    "cancel_dump_later",
     "current_origin",
+    "dump",
+    "dump_later",
     "format_exception",
     "install",
     "install_from_env",
@@ -34,6 +42,7 @@ __all__ = [
     "snapshot",
     "snapshotter",
     "status",
+    "threads",
     "uninstall",
     "wrap",
 ]

@@ -1,4 +1,4 @@
-"""``python -m monstack`` -- demo | info | bench."""
+"""``python -m monstack`` -- demo | info | run | dump | bench."""
 
 from __future__ import annotations
 
@@ -75,11 +75,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         from monstack._run import main as run_main
 
         return run_main(list(argv[1:]))
+    if list(argv[:1]) == ["dump"]:  # its own parser: bad input is one line and exit 1
+        from monstack._dumpcli import main as dump_main
+
+        return dump_main(list(argv[1:]))
     parser = argparse.ArgumentParser(prog="python -m monstack", description="monstack: where did this work come from?")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("demo", help="a background thread fails; see the line that created its work").set_defaults(func=_demo)
     sub.add_parser("info", help="version, interpreter, backend and why").set_defaults(func=_info)
     sub.add_parser("run", add_help=False, help="run a script or -m module with monstack on (see: run --help)")
+    sub.add_parser("dump", add_help=False, help="another process's stacks and origins (see: dump --help)")
     b = sub.add_parser("bench", help="what monstack costs, as ratios measured in one run")
     b.add_argument("--quick", action="store_true", help="fewer rounds (about 30 s)")
     b.add_argument("--json", action="store_true", help="machine-readable output")

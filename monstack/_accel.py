@@ -489,6 +489,7 @@ def callbacks(
     getframe = sys._getframe
     is_tracked = policy.is_tracked
     build = _stack.build
+    register = _stack.register
     linked = _stack.linked_suspended
     stats = _stack.STATS
 
@@ -508,10 +509,12 @@ def callbacks(
     # (frames gen.throw() linked in get unverified nodes, as in _stack.rebuild)
     def seed():
         tls.cell = [build(caller_of_event(), policy, linked, None, None, True)[0]]
+        register(tls)
         stats["seed"] += 1
 
     def resync():
         tls.cell = [build(caller_of_event(), policy, linked, None, None, True)[0]]
+        register(tls)
         stats["resync"] += 1
 
     global _epoch

@@ -578,7 +578,7 @@ class EvalFrameBackend:
         blob = nat.blob
         assert blob is not None
         f = nat.arch["fields"]
-        _stack.reset_tls()
+        _stack.reset_tls(self_registering=True)  # (the shim seeds threads in C)
         tls = _stack.TLS
         key, dummy_type, off_localdict = _find_tls_key(tls)
         decide = _make_decide(self.policy, self._errors, self.host.distrust)

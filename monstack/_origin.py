@@ -13,13 +13,14 @@ keeps its origin in a side table; hostile ``__str__``/``__repr__`` never stop a 
 
 from __future__ import annotations
 
+import _thread
 import sys
 from _contextvars import Context
 from _weakref import ref as _weakref
 
 from . import _capture, _format
 from ._colorize import resolve
-from ._snapshot import CURRENT_ORIGIN, Snapshot
+from ._snapshot import CURRENT_ORIGIN, RUNNING, Snapshot
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -34,6 +35,10 @@ NOTE_HEADING = _format.ORIGIN_HEADING
 
 #: Origins of exceptions that refuse attributes: id(exc) -> (weakref(exc), snapshot).
 _SIDE: dict[int, tuple] = {}
+
+
+_get_ident = _thread.get_ident
+_running_get = RUNNING.get
 
 
 def _snap() -> Snapshot:
@@ -67,6 +72,9 @@ class _WithOrigin:
     def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
         snap = self._snap
         token = CURRENT_ORIGIN.set(snap)
+        ident = _get_ident()  # (for other threads: monstack.threads(), dump())
+        prev = _running_get(ident)
+        RUNNING[ident] = snap
         try:
             return self.__wrapped__(*args, **kwargs)
         except Exception as exc:
@@ -77,6 +85,7 @@ class _WithOrigin:
             _drop_own_entry(exc, sys._getframe())
             raise
         finally:
+            RUNNING[ident] = prev
             try:
                 CURRENT_ORIGIN.reset(token)
             except Exception:  # entered another context in between: leave it be
@@ -234,6 +243,9 @@ class _RunOf:
     def __call__(self) -> None:
         owner, snap = self._owner, self._snap
         token = CURRENT_ORIGIN.set(snap)
+        ident = _get_ident()
+        prev = _running_get(ident)
+        RUNNING[ident] = snap
         try:
             type(owner).run(owner)
         except Exception as exc:
@@ -244,6 +256,7 @@ class _RunOf:
             _drop_own_entry(exc, sys._getframe())
             raise
         finally:
+            RUNNING[ident] = prev
             try:
                 CURRENT_ORIGIN.reset(token)
             except Exception:
@@ -307,22 +320,29 @@ class origin:
     already has an origin. ``origin(None)`` runs the block with no origin.
     """
 
-    __slots__ = ("_snap", "_token")
+    __slots__ = ("_snap", "_token", "_prev")
 
     def __init__(self, snap: Optional[Snapshot]) -> None:
         if snap is not None and not isinstance(snap, Snapshot):
             raise TypeError(f"monstack.origin() needs a Snapshot or None, got {_type_name(snap)}")
         self._snap = snap
         self._token: Any = None
+        self._prev: Any = None
 
     def __enter__(self) -> Optional[Snapshot]:
         if self._token is not None:
             raise RuntimeError("this monstack.origin() block is already entered")
         self._token = CURRENT_ORIGIN.set(self._snap)
+        ident = _get_ident()
+        self._prev = (ident, _running_get(ident))
+        RUNNING[ident] = self._snap
         return self._snap
 
     def __exit__(self, typ: Any, exc: Optional[BaseException], tb: Any) -> None:
         token, self._token = self._token, None
+        prev, self._prev = self._prev, None
+        if prev is not None:
+            RUNNING[prev[0]] = prev[1]
         if isinstance(exc, Exception) and self._snap is not None:
             _attach_if_absent(exc, self._snap)
         if token is not None:

@@ -59,9 +59,10 @@ The snapshot is the only cost on the creating side (O(1) with a tracking backend
 
 from __future__ import annotations
 
+import _thread
 import sys
 
-from . import _greenlet, _snapshot
+from . import _greenlet, _snapshot, _threads
 from ._errors import warn
 from ._origin import _attach_if_absent, _drop_own_entry, _snap, _WithOrigin
 from ._settings import PROPAGATION_POINTS
@@ -74,6 +75,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     import threading
     from typing import Any, Callable, Optional
+
+_LOOPS = _threads.LOOPS
 
 #: Points switched on now (read by the replacements on every call).
 _ON: set = set()
@@ -260,6 +263,8 @@ def _bind_thread(thread: threading.Thread) -> Optional[tuple]:
         def run_with_origin() -> None:
             nonlocal thread, bound, run
             token = CURRENT_ORIGIN.set(snap)
+            ident = _thread.get_ident()
+            _snapshot.RUNNING[ident] = snap  # (a new thread: nothing ran before)
             try:
                 run()
             except Exception as exc:
@@ -270,6 +275,7 @@ def _bind_thread(thread: threading.Thread) -> Optional[tuple]:
                 _drop_own_entry(exc, sys._getframe())
                 raise
             finally:
+                _snapshot.RUNNING.pop(ident, None)
                 CURRENT_ORIGIN.reset(token)
                 _unbind_thread(thread, bound)
                 thread = bound = run = None  # type: ignore[assignment]  # no cycle through this closure: the Thread is freed by refcount
@@ -342,6 +348,8 @@ class _ThreadStart(_WithOrigin):
     def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
         snap = self._snap
         token = CURRENT_ORIGIN.set(snap)
+        ident = _thread.get_ident()
+        _snapshot.RUNNING[ident] = snap  # (a new thread: nothing ran before)
         try:
             return self.__wrapped__(*args, **kwargs)
         except Exception as exc:
@@ -354,6 +362,7 @@ class _ThreadStart(_WithOrigin):
             _drop_own_entry(exc, sys._getframe())
             raise
         finally:
+            _snapshot.RUNNING.pop(ident, None)
             try:
                 CURRENT_ORIGIN.reset(token)
             except Exception:
@@ -620,6 +629,8 @@ def _make_create_task(original: Callable[..., Any]) -> Callable[..., Any]:
     def create_task(self: Any, coro: Any, *args: Any, **kwargs: Any) -> Any:
         if "asyncio_tasks" not in _ON:
             return original(self, coro, *args, **kwargs)
+        if id(self) not in _LOOPS:
+            _threads.note_loop(self)
         if kwargs.get("context") is not None:
             return _create_task_in_context(original, self, coro, args, kwargs)
         snap = _take()

@@ -42,6 +42,8 @@ BACKEND_ENV = "MONSTACK_BACKEND"
 ACCELERATOR_ENV = "MONSTACK_ACCELERATOR"
 #: The variable that chooses colour in monstack's reports.
 COLOR_ENV = "MONSTACK_COLOR"
+#: The variable naming the signal that makes a process dump every thread's stack.
+DUMP_SIGNAL_ENV = "MONSTACK_DUMP_SIGNAL"
 #: Internal: set in the child process the bench rehearses itself in (no rehearsal there).
 BENCH_NO_REHEARSAL_ENV = "MONSTACK_BENCH_NO_REHEARSAL"
 
@@ -151,6 +153,17 @@ def _parse_accelerator(text: str) -> Optional[bool]:
     raise BadValue("auto, 1/true/yes/on (require the native callbacks), 0/false/no/off")
 
 
+def _parse_signal(text: str) -> str:
+    """A signal name (``USR1``, ``SIGUSR1``, any case) -> ``"SIGUSR1"``. Whether this
+    platform has it, and whether it may be used, is decided where the handler is installed."""
+    value = text.strip().upper()
+    if not value.startswith("SIG"):
+        value = "SIG" + value
+    if len(value) < 4 or not value[3:].isalnum() or not value[3].isalpha():
+        raise BadValue("a signal name such as USR1, USR2 or QUIT (with or without SIG)")
+    return value
+
+
 class Setting:
     """One ``MONSTACK_*`` variable: how to read it and which ``install()`` keyword it feeds.
 
@@ -237,6 +250,13 @@ SETTINGS: tuple[Setting, ...] = (
         "(PYTHON_COLORS, NO_COLOR, FORCE_COLOR, TERM, isatty).",
         "--color",
     ),
+    Setting(
+        "MONSTACK_DUMP_SIGNAL", None, _parse_signal,
+        "a signal name such as USR1, USR2 or QUIT (with or without SIG)", "none",
+        "A signal that makes the process write every thread's stack and origin (stderr, or "
+        "to python -m monstack dump).",
+        "--dump-signal",
+    ),
 )
 
 
@@ -303,6 +323,17 @@ def env_color(environ: Optional[Mapping[str, str]] = None) -> Optional[bool]:
         return None
     try:
         return _parse_color(raw)
+    except BadValue:
+        return None
+
+
+def env_dump_signal(environ: Optional[Mapping[str, str]] = None) -> Optional[str]:
+    """``MONSTACK_DUMP_SIGNAL`` as ``"SIGUSR1"``, or None when unset, empty or bad."""
+    raw = (os.environ if environ is None else environ).get(DUMP_SIGNAL_ENV)
+    if not raw or not raw.strip():
+        return None
+    try:
+        return _parse_signal(raw)
     except BadValue:
         return None
 

@@ -34,6 +34,13 @@ CURRENT_ORIGIN: "ContextVar[Optional[Snapshot]]" = ContextVar(
     "monstack_current_origin", default=None
 )
 
+#: ident -> the origin of the work that thread is running now, for other threads to read
+#: (``monstack.threads()``): ``CURRENT_ORIGIN`` is invisible outside its thread. Each
+#: wrapper that runs work with an origin (``_origin``, ``_propagate``) sets its own
+#: thread's key and restores it after (one dict store each way: atomic under the GIL;
+#: a pool worker between jobs keeps a None entry, a thread's own start wrapper removes it).
+RUNNING: dict = {}
+
 #: How many origin hops a snapshot shows (``install(chain_limit=...)``). Chains are also
 #: kept physically short: a snapshot never links to more than ``2 * CHAIN_LIMIT - 1``
 #: origins (see ``Snapshot._new``), so endless resubmission chains use flat memory.

@@ -28,6 +28,8 @@ install, or started since). Native backends share exactly this structure.
 from __future__ import annotations
 
 import _thread
+import sys
+from _weakref import ref as _weakref
 
 from . import _env
 
@@ -85,8 +87,59 @@ def _thread_local_type() -> Any:
 
 _LOCAL = _thread_local_type()
 
+
+def register(tls: Any = None) -> None:
+    """Make this thread's stack readable from other threads (``monstack.threads()``,
+    dumps): records its ``TLS`` dict in ``REGISTRY``. Called wherever Python code creates
+    or replaces a thread's cell (seeding, resync: rare); the callbacks replace a thread's
+    cell but never its dict, so the registry always leads to the current cell. Never
+    raises (the thread then stays readable from its frames only)."""
+    try:
+        d = (TLS if tls is None else tls).__dict__
+        ident = _get_ident()
+        entry = REGISTRY.get(ident)
+        if entry is None or entry[0] is not d:
+            threading = _sys_modules.get("threading")
+            active = getattr(threading, "_active", None) if threading is not None else None
+            owner = active.get(ident) if active is not None else None
+            # (weakly: a finished Thread must be freed by reference counting, as without us)
+            REGISTRY[ident] = (d, _weakref(owner) if owner is not None else None)
+    except Exception:
+        pass
+
+
+class _SelfRegistering(_LOCAL):  # type: ignore[misc,valid-type]
+    """A ``_thread._local`` that registers each thread's dict itself, for a backend whose
+    native code creates cells (the 3.11 shim seeds a thread with a C ``setattr``): CPython
+    calls ``__init__`` in each thread at its first use of the local, from C too. Not the
+    default: a subclass's attribute reads take the generic path, about 10 ns more per read
+    of ``TLS.cell`` by the pure-Python callbacks. No slots of its own: the layout the native
+    code reads is ``_thread._local``'s (``_LOCAL``: gevent's original when it patched)."""
+
+    __slots__ = ()
+
+    def __init__(self) -> None:
+        register(self)
+
+
+#: ident -> (that thread's dict of ``TLS``, a weak reference to its ``threading.Thread`` at
+#: registration, or None). Written by each thread for itself (one dict store: atomic under the GIL), read by
+#: any; entries of dead threads stay until a reader prunes them (``registered``).
+REGISTRY: dict = {}
+_get_ident = _thread.get_ident
+_sys_modules = sys.modules
+
 #: Per-thread state shared by all tracking backends (see module docstring).
 TLS = _LOCAL()
+
+#: Filled copies of other threads' tops whose call sites were unknown (``_threads``):
+#: id(top) -> (top, filled). Another thread's cell is never written (it may push or pop
+#: meanwhile); a thread whose stack has not changed since the last ``threads()`` (a hung
+#: one) is answered in O(1) again. Holding ``top`` keeps its id from being reused (and the
+#: native callbacks from recycling it); nodes never change, and the frames below a node
+#: cannot change while it is on the stack. Bounded (the oldest go first); emptied with TLS.
+FILLED: dict = {}
+FILLED_CACHE_SIZE = 1024
 
 #: How often a thread's stack was seeded from / rebuilt after disagreeing with the real
 #: frames ("resync": the slow path; tests assert ordinary code never needs one) / rebuilt
@@ -96,14 +149,18 @@ TLS = _LOCAL()
 STATS = {"seed": 0, "resync": 0, "throw": 0, "recursion": 0}
 
 
-def reset_tls() -> None:
-    """Forget every thread's stack at once (install/uninstall): a new ``_thread._local``.
+def reset_tls(self_registering: bool = False) -> None:
+    """Forget every thread's stack at once (install/uninstall): a new ``_thread._local``
+    (``self_registering``: one that registers each thread's dict by itself, for native
+    code that creates cells).
 
     Threads keep running while monstack is off, so old stacks are stale; each thread
     reseeds from its real frames at its next event.
     """
     global TLS
-    TLS = _LOCAL()
+    REGISTRY.clear()
+    FILLED.clear()
+    TLS = _SelfRegistering() if self_registering else _LOCAL()
 
 
 #: ``TLS.__dict__`` key holding, while a garbage collection runs on the thread, the cell
@@ -156,12 +213,38 @@ def watch_collections(on: bool) -> None:
         callbacks.append(on_collection)
 
 
+
+def registered(live: "Optional[Any]" = None) -> dict:
+    """``ident -> (dict, thread)`` of the threads whose ``TLS`` dict is registered, without
+    the threads not in ``live`` (idents of live threads, e.g. ``sys._current_frames()``),
+    whose entries are pruned. A copy: safe to iterate while threads come and go."""
+    for _ in range(100):
+        try:
+            reg = dict(REGISTRY)
+            break
+        except RuntimeError:  # changed size during the copy (free-threaded builds)
+            continue
+    else:
+        return {}
+    if live is not None:
+        dead = [i for i in reg if i not in live]
+        for ident in dead:
+            entry = reg.pop(ident)
+            # Only when many are dead: a thread starting now may take a dead one's ident
+            # and register between the test and the pop (then it is unreadable until the
+            # next install); idents are reused, so dead entries stay few anyway.
+            if len(dead) > 16 and REGISTRY.get(ident) is entry:
+                REGISTRY.pop(ident, None)
+    return reg
+
+
 def get_cell() -> list:
     """This thread's ``[top]`` cell, creating an empty (unseeded -> seeded empty) one."""
     try:
         return TLS.cell
     except AttributeError:
         cell = TLS.cell = [None]
+        register()
         return cell
 
 
@@ -387,6 +470,7 @@ def make_capture(policy: "Policy"):
                 # on_collection), so nothing is stored that the next snapshot would trust
                 return build(f, policy)[0], (f.f_lasti if f is not None else UNKNOWN)
             cell = tls.cell = [None]
+            register(tls)
             STATS["seed"] += 1
             cell[0], top = rebuild(f, policy)
             return top, (f.f_lasti if f is not None else UNKNOWN)

@@ -86,6 +86,7 @@ def _callbacks(policy: Policy, tls, on_error: Callable[[BaseException], None]):
     by_file = policy.tracked_files()
     is_tracked = policy.is_tracked
     build = _stack.build
+    register = _stack.register
     UNKNOWN = _stack.UNKNOWN
     stats = _stack.STATS
 
@@ -107,6 +108,7 @@ def _callbacks(policy: Policy, tls, on_error: Callable[[BaseException], None]):
         except ValueError:  # the event's frame is the thread's first (threading bootstrap)
             caller = None
         cell = tls.cell = [build(caller, policy, _linked_suspended, None, None, True)[0]]
+        register(tls)
         stats["seed"] += 1
         return cell
 
@@ -116,6 +118,7 @@ def _callbacks(policy: Policy, tls, on_error: Callable[[BaseException], None]):
         except ValueError:  # the event's frame is the thread's first
             caller = None
         tls.cell = [build(caller, policy, _linked_suspended, None, None, True)[0]]
+        register(tls)
         stats["resync"] += 1
 
     # The codes whose yield may answer a running throw while outer generators are linked
@@ -179,6 +182,7 @@ def _callbacks(policy: Policy, tls, on_error: Callable[[BaseException], None]):
                 tls.cell[0] = top
             except AttributeError:
                 tls.cell = [top]
+                register(tls)
                 stats["seed"] += 1
             stats["throw"] += 1
             # The yields that may answer a throw while generators are linked in: those of

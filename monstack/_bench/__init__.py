@@ -16,6 +16,10 @@ Sections (``--only`` selects some):
   op can be before the default policy costs more than 10%).
 - ``memory``: bytes per snapshot over many snapshots at depth 50, peak RSS, and proof that
   snapshots keep no frames alive.
+- ``dump``: ``monstack.threads()`` for 50 parked threads at depth 10 and 200, beside
+  ``sys._current_frames()`` plus ``traceback.extract_stack`` (and a bare frame walk) for
+  the same threads; the whole hang report at depth 50 beside
+  ``faulthandler.dump_traceback(all_threads=True)`` (and ``py-spy dump`` where installed).
 
 Method (the machines are shared and noisy): every timed workload runs >= 15 ms; each
 measurement is the best of two runs after a warm-up; modes are interleaved round by round
@@ -29,7 +33,7 @@ name inside site-packages, so the default policy excludes it exactly as it exclu
 installed framework. monstack's own files are never tracked.
 
 Modules: ``_workloads`` (the synthetic modules and the op-queue driver), ``_harness`` (what
-can run here, modes, timing), ``_sections`` (the four sections), ``_report`` (the table);
+can run here, modes, timing), ``_sections`` (the five sections), ``_report`` (the table);
 this module runs the sections and holds the command line.
 """
 
@@ -57,13 +61,13 @@ from ._harness import (
     saved_install,
 )
 from ._report import print_table
-from ._sections import memory, opqueue, peak_rss_bytes, snapshot_costs, tracking_tax
+from ._sections import dump_costs, memory, opqueue, peak_rss_bytes, snapshot_costs, tracking_tax
 from ._workloads import make_workloads
 
 __all__ = ["CONFIGS", "SCHEMA", "SECTIONS", "Config", "main", "run"]
 
 SCHEMA = 2
-SECTIONS = ("snapshot", "tax", "opqueue", "memory")
+SECTIONS = ("snapshot", "tax", "opqueue", "memory", "dump")
 
 
 def run(
@@ -118,7 +122,8 @@ def run(
 
 def _run_sections(cfg: Config, w: Any, sections: list, results: dict, saved: Optional[dict]) -> None:
     try:
-        for section, fn in (("snapshot", snapshot_costs), ("tax", tracking_tax), ("opqueue", opqueue), ("memory", memory)):
+        for section, fn in (("snapshot", snapshot_costs), ("tax", tracking_tax), ("opqueue", opqueue), ("memory", memory),
+                            ("dump", dump_costs)):
             if section in sections:
                 t = time.perf_counter()
                 try:

@@ -40,6 +40,9 @@ class Config:
         self.memory_snapshots = 1_000_000
         self.memory_walk_snapshots = 20_000
         self.memory_depth = 50
+        self.dump_threads = 50
+        self.dump_depths = (10, 200)
+        self.dump_report_depth = 50
         #: extra rows that explain a figure (default policy on pure-user workloads, where it
         #: equals track='all'; op-queue without snapshot / without propagation; mixed)
         self.diagnostics = True
@@ -61,7 +64,7 @@ CONFIGS = {
     "tiny": lambda: Config(
         "tiny", rounds=1, target=0.0005, depths=(10, 50), pool_tasks=100, pool_rounds=1, opqueue_ops=240,
         opqueue_rounds=1, opqueue_depth=10, crossover_layers=(0, 1), crossover_rounds=1, memory_snapshots=1_000,
-        memory_walk_snapshots=100,
+        memory_walk_snapshots=100, dump_threads=4, dump_depths=(10, 50), dump_report_depth=10,
     ),
 }
 

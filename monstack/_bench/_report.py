@@ -11,6 +11,8 @@ GOALS = {
     "tax": "call-heavy with track='all' <= 5x, and within 1.5x of empty callbacks; workload filtered <= 1.1x",
     "opqueue": "default policy <= 1.05x no capture",
     "memory": "< 120 bytes per snapshot taken in the same frame; no frames kept alive",
+    "dump": "threads() for 50 threads: depth 200 <= 1.5x depth 10, and less than "
+            "sys._current_frames() + traceback.extract_stack",
 }
 
 
@@ -56,6 +58,8 @@ def print_table(r: dict, file: Any) -> None:
         _print_opqueue(r["opqueue"], w)
     if "memory" in r:
         _print_memory(r["memory"], w)
+    if "dump" in r:
+        _print_dump(r["dump"], w)
     if r.get("native skipped"):
         w(f"\nNATIVE CODE SKIPPED in this run: {r['native skipped']}\n")
     for text in r.get("warnings", []):
@@ -189,3 +193,28 @@ def _print_memory(m: dict, w: Callable) -> None:
           f"frames reachable from snapshots {lv['frame objects reachable from snapshots']}, "
           f"snapshot frames {lv['frames per snapshot']}, readable {lv['snapshot still readable']}\n")
     w(f"  peak RSS {m['peak rss bytes'] / 2**20:.0f} MiB\n")
+
+
+def _print_dump(d: dict, w: Callable) -> None:
+    w(f"\nDump: {d.get('threads')} parked threads; us per call, median [min-max] (backend {d.get('backend')})\n")
+    _goal("dump", w)
+    if _error(d, w):
+        return
+    depths = d["depths"]
+    w(f"  {'threads of depth':50s}" + "".join(f"{x:>22}" for x in depths) + "\n")
+    for name, by in d["threads()"].items():
+        cells = "".join(f"{_us(by[str(x)]['median']):>10} [{_us(by[str(x)]['min'])}-{_us(by[str(x)]['max'])}]".rjust(22)
+                        for x in depths)
+        w(f"  {name:50s}{cells}\n")
+    w(f"  threads(): depth {depths[-1]} / depth {depths[0]}: {_rx(d['threads() depth ratio'])}\n")
+    for x, s in d["threads() / extract_stack"].items():
+        w(f"  threads() / (sys._current_frames() + extract_stack) at depth {x}: {_rx(s)}\n")
+    w(f"  whole report, {d.get('threads')} threads at depth {d.get('report depth')} "
+      f"({d.get('report bytes')} bytes of text):\n")
+    for name, by in d["report"].items():
+        s = by["report"]
+        w(f"    {name:50s} {_us(s['median']):>10} us [{_us(s['min'])}-{_us(s['max'])}]\n")
+    for name, s in d.get("report ratios", {}).items():
+        w(f"    {name} / faulthandler: {_rx(s)}\n")
+    if d.get("py-spy"):
+        w(f"    py-spy dump: {d['py-spy']}\n")

@@ -618,3 +618,166 @@ def memory(cfg: Config, w: Any = None) -> dict:
     out["rss at start bytes"] = rss_start
     out["peak rss bytes"] = peak_rss_bytes()
     return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Dump: threads() and the hang report, beside sys._current_frames() and faulthandler
+# ---------------------------------------------------------------------------------------------
+
+
+class _Parked:
+    """``count`` threads parked ``depth`` calls deep in workload (tracked) code."""
+
+    def __init__(self, w: Any, count: int, depth: int) -> None:
+        import threading
+
+        self.release = threading.Event()
+        self.threads = []
+        readies = []
+        for _ in range(count):
+            ready = threading.Event()
+
+            def park(ready: Any = ready) -> None:
+                w.at_depth(depth, _park_leaf, ready, self.release)
+
+            t = threading.Thread(target=park, daemon=True)
+            t.start()
+            self.threads.append(t)
+            readies.append(ready)
+        for ready in readies:
+            ready.wait(60)
+
+    def close(self) -> None:
+        self.release.set()
+        for t in self.threads:
+            t.join(60)
+
+
+def _park_leaf(ready: Any, release: Any) -> None:
+    ready.set()
+    release.wait()
+
+
+def _threads_cold() -> Any:
+    """threads() as its first call on these stacks: call sites the native callbacks left
+    unknown (a thread that never took a snapshot) filled from the frames again."""
+    from monstack import _stack
+
+    _stack.FILLED.clear()
+    return monstack.threads()
+
+
+def _frames_and_extract_stack() -> int:
+    frames = sys._current_frames()
+    n = 0
+    for frame in frames.values():
+        n += len(traceback.extract_stack(frame))
+    return n
+
+
+def _frames_and_walk() -> int:
+    frames = sys._current_frames()
+    n = 0
+    for frame in frames.values():
+        f: Optional[types.FrameType] = frame
+        while f is not None:
+            f.f_code, f.f_lasti
+            f = f.f_back
+            n += 1
+    return n
+
+
+def _py_spy() -> Optional[str]:
+    import shutil
+
+    exe = shutil.which("py-spy")
+    if exe is None:
+        scripts = os.path.join(os.path.dirname(sys.executable), "py-spy")
+        exe = scripts if os.path.exists(scripts) else None
+    return exe
+
+
+def _timed(fn: Callable[[], Any], target: float) -> Callable[[], float]:
+    """A function timing ``fn`` (seconds per call, best of two loops of >= ``target``)."""
+    n = calibrate(lambda k: [fn() for _ in range(k)], target)
+
+    def measure() -> float:
+        fn()  # warm-up
+        return best(lambda: [fn() for _ in range(n)]) / n
+
+    return measure
+
+
+def dump_costs(cfg: Config, w: Any = None) -> dict:
+    """``threads()`` for ``dump_threads`` parked threads at each of ``dump_depths`` (and the
+    same threads through ``sys._current_frames()`` plus ``traceback.extract_stack``), and
+    the whole report (``dump``) at ``dump_report_depth`` beside ``faulthandler``."""
+    import faulthandler
+    import subprocess
+
+    from monstack import _dump
+
+    w = w or make_workloads()
+    out: dict = {"unit": "seconds per call", "threads": cfg.dump_threads, "depths": list(cfg.dump_depths),
+                 "report depth": cfg.dump_report_depth, "threads()": {}, "report": {}}
+    monstack.uninstall()
+    out["backend"] = installer()()
+    devnull = open(os.devnull, "w")
+    try:
+        per: dict = {}
+        for r in range(cfg.rounds):
+            for depth in cfg.dump_depths:
+                parked = _Parked(w, cfg.dump_threads, depth)
+                try:
+                    for name, fn in (("monstack.threads()", monstack.threads),
+                                     ("monstack.threads(), first call (no fill memo)", _threads_cold),
+                                     ("sys._current_frames() + traceback.extract_stack", _frames_and_extract_stack),
+                                     ("sys._current_frames() + frame walk", _frames_and_walk)):
+                        per.setdefault((name, depth), []).append(_timed(fn, cfg.target)())
+                    if r == 0:
+                        snaps = monstack.threads()
+                        out.setdefault("frames per thread", {})[str(depth)] = max(
+                            len(snaps[t.ident]) for t in parked.threads if t.ident is not None)
+                finally:
+                    parked.close()
+            parked = _Parked(w, cfg.dump_threads, cfg.dump_report_depth)
+            try:
+                fd = devnull.fileno()
+                methods = [("monstack.dump() (report text, no colour)", lambda: _dump.report(color=False)),
+                           ("faulthandler.dump_traceback(all_threads=True)",
+                            lambda: faulthandler.dump_traceback(file=fd, all_threads=True))]
+                for name, fn in methods:
+                    per.setdefault((name, "report"), []).append(_timed(fn, cfg.target)())
+                if r == 0:
+                    out["report bytes"] = len(_dump.report(color=False).encode())
+                exe = _py_spy()
+                if exe is not None and r == 0:  # (a subprocess: ~0.4 s; once)
+                    t0 = time.perf_counter()
+                    proc = subprocess.run([exe, "dump", "--pid", str(os.getpid())], capture_output=True, text=True, timeout=120)
+                    if proc.returncode == 0:
+                        per.setdefault(("py-spy dump (a subprocess attaching)", "report"), []).append(time.perf_counter() - t0)
+                    else:
+                        out["py-spy"] = f"failed: {(proc.stderr or proc.stdout).strip().splitlines()[-1:]}"
+            finally:
+                parked.close()
+        if _py_spy() is None:
+            out["py-spy"] = "not installed"
+        for (name, depth), values in per.items():
+            key = "report" if depth == "report" else "threads()"
+            out[key].setdefault(name, {})[str(depth)] = summary(values)
+        d0, d1 = cfg.dump_depths[0], cfg.dump_depths[-1]
+        mt = "monstack.threads()"
+        out["threads() depth ratio"] = summary([a / b for a, b in zip(per[mt, d1], per[mt, d0])])
+        out["threads() / extract_stack"] = {
+            str(d): summary([a / b for a, b in zip(per[mt, d], per["sys._current_frames() + traceback.extract_stack", d])])
+            for d in cfg.dump_depths
+        }
+        md = "monstack.dump() (report text, no colour)"
+        out["report ratios"] = {
+            name: summary([a / b for a, b in zip(per[name, "report"], per["faulthandler.dump_traceback(all_threads=True)", "report"])])
+            for name, _ in [(md, None)] + [(n, None) for (n, d) in per if d == "report" and n.startswith("py-spy")]
+        }
+    finally:
+        devnull.close()
+        monstack.uninstall()
+    return out

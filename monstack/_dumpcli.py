@@ -1,0 +1,408 @@
+"""``python -m monstack dump PID``: another process's monstack report, on stdout.
+
+Two ways in, the first that applies:
+
+- **The dump signal** (any version): the target declared ``MONSTACK_DUMP_SIGNAL`` (read
+  from ``/proc/PID/environ``) and ``/proc/PID/status`` shows a handler for it (``SigCgt``):
+  a signal with no handler would run its default action, which may kill the target, so it
+  is never sent without one. It reaches a main thread blocked in sleep, a lock or a join.
+- **``sys.remote_exec``** (PEP 768, targets on CPython 3.14+): run with the target's own
+  interpreter when it is not this one (caller and target versions must match). The script
+  runs when the target's main thread next runs Python; a blocked main thread means a
+  timeout, after which the request is withdrawn and the late script does nothing.
+
+The report travels through the target user's private directory (see ``_dumpproto``). Bad
+input and every failure are one line on stderr and exit status 1. Linux only (``/proc``).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+import sys
+import time
+from typing import Optional, Sequence
+
+from . import _dumpproto as proto
+from ._settings import DUMP_SIGNAL_ENV, env_dump_signal
+
+PROG = "python -m monstack dump"
+USAGE = f"usage: {PROG} PID [--timeout SECONDS]"
+DEFAULT_TIMEOUT = 10.0
+HOW_TO_SIGNAL = "start it with MONSTACK=1 MONSTACK_DUMP_SIGNAL=USR1 to dump it at any time"
+#: Run with the target's interpreter when it is not this one: sys.remote_exec, errors as
+#: one line "ExceptionName: message" on stderr (exit 2), or "no-remote-exec X.Y" (exit 3).
+_HELPER = (
+    "import sys\n"
+    "if not hasattr(sys, 'remote_exec'):\n"
+    "    sys.stderr.write('no-remote-exec %d.%d\\n' % sys.version_info[:2]); sys.exit(3)\n"
+    "try:\n"
+    "    sys.remote_exec(int(sys.argv[1]), sys.argv[2])\n"
+    "except Exception as e:\n"
+    "    sys.stderr.write('%s: %s\\n' % (type(e).__name__, e)); sys.exit(2)\n"
+)
+
+
+class DumpError(Exception):
+    """Why the dump failed: the one line the command prints."""
+
+
+class _Target:
+    """What /proc says about the target process."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        if not sys.platform.startswith("linux"):
+            raise DumpError(f"dumping another process needs Linux (/proc); this is {sys.platform}")
+        try:
+            with open(f"/proc/{pid}/status", "rb") as f:
+                status = f.read().decode("utf-8", "replace")
+        except FileNotFoundError:
+            raise DumpError(f"no such process: {pid}") from None
+        except OSError as exc:
+            raise DumpError(f"cannot read /proc/{pid}/status: {exc.strerror}") from None
+        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        try:
+            self.uid = int(fields["Uid"].split()[1])  # effective
+            self.gid = int(fields["Gid"].split()[1])
+            self.caught = int(fields.get("SigCgt", "0").strip() or "0", 16)
+        except (KeyError, ValueError, IndexError):
+            raise DumpError(f"cannot read /proc/{pid}/status") from None
+        if fields.get("State", "").split()[:1] == ["Z"]:
+            raise DumpError(f"process {pid} has ended (a zombie)")
+        me = os.geteuid()
+        if me != 0 and me != self.uid:
+            raise DumpError(f"not permitted: process {pid} belongs to uid {self.uid} (run as that user or root)")
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                raw = f.read()
+        except FileNotFoundError:
+            raise DumpError(f"no such process: {pid}") from None
+        except PermissionError:
+            raise DumpError(f"not permitted to inspect process {pid} (uid {self.uid})") from None
+        except OSError as exc:
+            raise DumpError(f"cannot read /proc/{pid}/environ: {exc.strerror}") from None
+        self.environ: dict[str, str] = {}
+        for item in raw.split(b"\0"):
+            key, sep, value = item.partition(b"=")
+            if sep:
+                self.environ[key.decode("utf-8", "replace")] = value.decode("utf-8", "replace")
+
+    def declared_signal(self) -> str:
+        """The dump signal the process declared: ``MONSTACK_DUMP_SIGNAL`` in the environment
+        it started with, or ``--dump-signal`` of ``python -m monstack run`` (which sets the
+        variable only after start)."""
+        declared = self.environ.get(DUMP_SIGNAL_ENV, "").strip()
+        try:
+            with open(f"/proc/{self.pid}/cmdline", "rb") as f:
+                argv = [a.decode("utf-8", "replace") for a in f.read().split(b"\0")[:-1]]
+        except OSError:
+            return declared
+        for i in range(len(argv) - 2):
+            if argv[i : i + 3] == ["-m", "monstack", "run"]:
+                from ._run import split_argv
+
+                options = split_argv(argv[i + 3 :])[0]
+                for j, word in enumerate(options):
+                    if word.startswith("--dump-signal="):
+                        declared = word.split("=", 1)[1].strip()
+                    elif word == "--dump-signal" and j + 1 < len(options):
+                        declared = options[j + 1].strip()
+                break
+        return declared
+
+    def handles(self, signum: int) -> bool:
+        return bool(self.caught >> (signum - 1) & 1)
+
+    def alive(self) -> bool:
+        try:
+            with open(f"/proc/{self.pid}/status", "rb") as f:
+                for line in f:
+                    if line.startswith(b"State:"):
+                        return line.split()[1:2] != [b"Z"]
+        except OSError:
+            return False
+        return True
+
+
+def _parse(argv: Sequence[str]) -> tuple[int, float]:
+    pid: Optional[int] = None
+    timeout = DEFAULT_TIMEOUT
+    args = list(argv)
+    i = 0
+    while i < len(args):
+        word = args[i]
+        if word in ("-h", "--help"):
+            raise SystemExit(_help())
+        if word == "--timeout" or word.startswith("--timeout="):
+            if "=" in word:
+                text = word.split("=", 1)[1]
+            elif i + 1 < len(args):
+                i += 1
+                text = args[i]
+            else:
+                raise DumpError("--timeout needs a number of seconds")
+            try:
+                timeout = float(text)
+            except ValueError:
+                raise DumpError(f"--timeout {text!r}: not a number of seconds") from None
+            if not timeout > 0 or timeout != timeout or timeout == float("inf"):
+                raise DumpError(f"--timeout {text!r}: must be a number of seconds > 0")
+        elif word.startswith("-") and not word.lstrip("-").isdigit():
+            raise DumpError(f"unknown option {word!r} ({USAGE})")
+        elif pid is None:
+            try:
+                pid = int(word)
+            except ValueError:
+                raise DumpError(f"PID {word!r} is not a process id ({USAGE})") from None
+            if pid <= 0:
+                raise DumpError(f"PID {word!r} is not a process id ({USAGE})")
+        else:
+            raise DumpError(f"unexpected argument {word!r} ({USAGE})")
+        i += 1
+    if pid is None:
+        raise DumpError(f"no PID given ({USAGE})")
+    return pid, timeout
+
+
+def _help() -> int:
+    sys.stdout.write(
+        f"{USAGE}\n\n"
+        "Print another Python process's monstack report: every thread's stack and where its work\n"
+        "came from, every pending asyncio task. Uses the process's MONSTACK_DUMP_SIGNAL when it\n"
+        "has one, else sys.remote_exec (CPython 3.14+). See docs/dump-cli.md.\n\n"
+        f"  --timeout SECONDS  how long to wait for the answer (default {DEFAULT_TIMEOUT:g})\n"
+    )
+    return 0
+
+
+def _color() -> bool:
+    try:
+        from ._colorize import resolve
+
+        return resolve(None, sys.stdout)
+    except Exception:
+        return False
+
+
+class _Exchange:
+    """One request in the target user's private directory."""
+
+    def __init__(self, target: _Target) -> None:
+        self.target = target
+        self.token = secrets.token_hex(8)
+        try:
+            self.dirfd = proto.open_private_dir(target.uid, create=True, gid=target.gid)
+        except proto.Refused as exc:
+            raise DumpError(f"refusing to use the exchange directory: {exc}") from None
+        except PermissionError as exc:
+            raise DumpError(f"not permitted to create {proto.dir_path(target.uid)}: {exc.strerror}") from None
+        except OSError as exc:
+            raise DumpError(f"cannot create {proto.dir_path(target.uid)}: {exc.strerror}") from None
+        self.answered = False
+        proto.clean_stale(self.dirfd)
+        color = "color" if _color() else "plain"
+        try:
+            proto.write_new(
+                self.dirfd, proto.request_name(target.pid, self.token),
+                f"{proto.MAGIC} {self.token} {color}\n".encode(), uid=target.uid, gid=target.gid,
+            )
+        except OSError as exc:
+            os.close(self.dirfd)
+            raise DumpError(f"cannot write the request in {proto.dir_path(target.uid)}: {exc.strerror}") from None
+
+    def script(self) -> str:
+        """Write the remote script (this module's protocol, then one call); its path."""
+        source = _proto_source()
+        name = proto.script_name(self.target.pid, self.token)
+        path = os.path.join(proto.dir_path(self.target.uid), name)
+        call = (
+            "\ntry:\n"
+            f"    serve_remote({self.target.pid}, {self.token!r}, {path!r})\n"
+            "except BaseException:\n"
+            "    pass\n"
+        )
+        proto.write_new(self.dirfd, name, (source + call).encode("utf-8"), uid=self.target.uid, gid=self.target.gid)
+        return path
+
+    def wait(self, timeout: float) -> Optional[str]:
+        deadline = time.monotonic() + timeout
+        delay = 0.005
+        while True:
+            try:
+                text = proto.read_output(self.dirfd, self.target.pid, self.token, self.target.uid)
+            except (OSError, proto.Refused) as exc:
+                raise DumpError(f"cannot read the answer: {exc}") from None
+            if text is not None:
+                self.answered = True
+                return text
+            if not self.target.alive():
+                raise DumpError(f"process {self.target.pid} ended before answering")
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(delay)
+            delay = min(delay * 2, 0.05)
+
+    def close(self) -> None:
+        if not self.answered:
+            proto.withdraw(self.dirfd, self.target.pid, self.token, self.target.uid, self.target.gid)
+        os.close(self.dirfd)
+
+
+def _proto_source() -> str:
+    path = proto.__file__
+    if path.endswith((".pyc", ".pyo")):
+        raise DumpError("monstack's _dumpproto source is not installed (needed for the remote path)")
+    with open(path, encoding="utf-8") as f:
+        return f.read()
+
+
+def _same_interpreter(pid: int) -> bool:
+    try:
+        mine = os.stat(sys.executable)
+        theirs = os.stat(f"/proc/{pid}/exe")
+    except OSError:
+        return False
+    return (mine.st_dev, mine.st_ino) == (theirs.st_dev, theirs.st_ino)
+
+
+def _remote_error(pid: int, text: str) -> DumpError:
+    """``ExceptionName: message`` from ``sys.remote_exec`` -> the one line to print."""
+    name, _, message = text.partition(": ")
+    if name == "PermissionError" or "Operation not permitted" in message or "ermission denied" in message:
+        return DumpError(
+            f"not permitted to attach to process {pid} ({message.strip() or name}); run as its user or root, "
+            f"and check /proc/sys/kernel/yama/ptrace_scope; or {HOW_TO_SIGNAL}"
+        )
+    if name == "ProcessLookupError":
+        return DumpError(f"no such process: {pid}")
+    if "not enabled in the remote process" in message:
+        return DumpError(
+            f"remote debugging is disabled in process {pid} (PYTHON_DISABLE_REMOTE_DEBUG or "
+            f"-X disable_remote_debug); {HOW_TO_SIGNAL}"
+        )
+    if "not enabled" in message:
+        return DumpError("remote debugging is disabled in this interpreter (PYTHON_DISABLE_REMOTE_DEBUG is set here)")
+    return DumpError(
+        f"cannot run code in process {pid} with sys.remote_exec ({text.strip()}): is it CPython 3.14+ "
+        f"of the same version? {HOW_TO_SIGNAL}"
+    )
+
+
+def _remote_exec(target: _Target, script: str, why_no_signal: str) -> None:
+    pid = target.pid
+    if _same_interpreter(pid) and hasattr(sys, "remote_exec"):
+        try:
+            sys.remote_exec(pid, script)
+        except Exception as exc:
+            raise _remote_error(pid, f"{type(exc).__name__}: {exc}") from None
+        return
+    try:
+        exe = os.readlink(f"/proc/{pid}/exe")
+    except PermissionError:
+        raise DumpError(f"not permitted to inspect process {pid} (uid {target.uid})") from None
+    except OSError:
+        raise DumpError(f"process {pid} is not a Python process (no executable)") from None
+    base = os.path.basename(exe.removesuffix(" (deleted)"))
+    if not base.startswith(("python", "pypy")):
+        # Not a python executable (embedded Python?): never run an unknown program. This
+        # interpreter may still be the right version.
+        if hasattr(sys, "remote_exec"):
+            try:
+                sys.remote_exec(pid, script)
+            except Exception as exc:
+                raise _remote_error(pid, f"{type(exc).__name__}: {exc}") from None
+            return
+        raise DumpError(
+            f"{why_no_signal}, and this Python {sys.version_info[0]}.{sys.version_info[1]} cannot attach to "
+            f"it ({base} is not a Python 3.14+ interpreter); {HOW_TO_SIGNAL}"
+        )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MONSTACK")}
+    try:
+        done = subprocess.run(
+            [exe, "-I", "-S", "-c", _HELPER, str(pid), script],
+            env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            timeout=60, text=True, errors="replace",
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise DumpError(f"cannot run process {pid}'s interpreter {exe}: {exc}") from None
+    lines = (done.stderr or "").strip().splitlines()
+    last = lines[-1] if lines else f"exit status {done.returncode}"
+    if done.returncode == 3 and last.startswith("no-remote-exec"):
+        version = last.split()[-1]
+        raise DumpError(
+            f"{why_no_signal}, and it runs Python {version}, older than 3.14 (no sys.remote_exec); {HOW_TO_SIGNAL}"
+        )
+    if done.returncode != 0:
+        raise _remote_error(pid, last)
+
+
+def dump_process(pid: int, timeout: float = DEFAULT_TIMEOUT) -> str:
+    """The report of process ``pid``; raises :class:`DumpError` with the reason."""
+    import signal
+
+    target = _Target(pid)
+    declared = target.declared_signal()
+    name = env_dump_signal({DUMP_SIGNAL_ENV: declared})
+    signum = getattr(signal, name, None) if name else None
+    if isinstance(signum, int) and target.handles(signum):
+        exchange = _Exchange(target)
+        try:
+            try:
+                os.kill(pid, signum)
+            except ProcessLookupError:
+                raise DumpError(f"no such process: {pid}") from None
+            except PermissionError:
+                raise DumpError(f"not permitted to signal process {pid} (uid {target.uid})") from None
+            text = exchange.wait(timeout)
+            if text is None:
+                raise DumpError(
+                    f"timed out after {timeout:g} s waiting for process {pid} to answer {name} (Python runs "
+                    "signal handlers in the main thread between bytecodes: is it stuck in C code holding "
+                    "the GIL?); the request is withdrawn"
+                )
+            return text
+        finally:
+            exchange.close()
+    why_no_signal = (
+        f"process {pid} sets {DUMP_SIGNAL_ENV}={declared} but has no handler for it (is monstack on there?)"
+        if declared
+        else f"process {pid} has no monstack dump signal ({DUMP_SIGNAL_ENV} unset)"
+    )
+    if target.environ.get("PYTHON_DISABLE_REMOTE_DEBUG"):
+        raise DumpError(f"{why_no_signal}, and remote debugging is disabled there (PYTHON_DISABLE_REMOTE_DEBUG)")
+    if os.environ.get("PYTHON_DISABLE_REMOTE_DEBUG"):
+        raise DumpError(f"{why_no_signal}, and PYTHON_DISABLE_REMOTE_DEBUG is set here (no sys.remote_exec)")
+    exchange = _Exchange(target)
+    try:
+        try:
+            script = exchange.script()
+        except OSError as exc:
+            raise DumpError(f"cannot write the remote script: {exc.strerror}") from None
+        _remote_exec(target, script, why_no_signal)
+        text = exchange.wait(timeout)
+        if text is None:
+            raise DumpError(
+                f"timed out after {timeout:g} s: process {pid} has not run Python in its main thread since the "
+                "request (blocked in sleep, a lock, a join or I/O, or busy in C code); the request is withdrawn. "
+                "To dump a blocked process, start it with MONSTACK=1 MONSTACK_DUMP_SIGNAL=USR1"
+            )
+        return text
+    finally:
+        exchange.close()
+
+
+def main(argv: Sequence[str]) -> int:
+    try:
+        pid, timeout = _parse(argv)
+        text = dump_process(pid, timeout)
+    except DumpError as exc:
+        sys.stderr.write(f"{PROG}: {exc}\n")
+        return 1
+    except KeyboardInterrupt:
+        sys.stderr.write(f"{PROG}: interrupted\n")
+        return 130
+    sys.stdout.write(text)
+    sys.stdout.flush()
+    return 0

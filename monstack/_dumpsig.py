@@ -1,0 +1,149 @@
+"""``MONSTACK_DUMP_SIGNAL``: a signal that makes this process dump every thread's stack.
+
+``install()`` (and so ``MONSTACK=1`` start-up) installs the handler when the variable names
+a usable signal; ``uninstall()`` puts the previous handler back. Nothing is installed when
+the variable is unset. The handler answers ``python -m monstack dump PID`` through the
+private directory of :mod:`monstack._dumpproto`, or, for a plain ``kill``, writes the
+report to stderr with ``os.write``, like ``faulthandler.register``.
+
+Refused, with one warning: a name this platform does not have, signals that cannot be
+caught (KILL, STOP), signals Python or the system already use for something else (INT,
+TERM, HUP, the fault signals, the job-control ones, the ones sent for other reasons such
+as CHLD and WINCH, the timer ones), and a signal the program already handles or ignores
+(no chaining: the program's handler stays). Python runs signal handlers in the main
+thread only, so the handler is installed only when ``install()`` runs there.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Optional
+
+from . import _install
+from ._errors import warn_once
+from ._settings import DUMP_SIGNAL_ENV, env_dump_signal
+
+#: Signals refused whatever the program does, with the reason the warning gives.
+REFUSED: dict[str, str] = {
+    "SIGKILL": "it cannot be caught",
+    "SIGSTOP": "it cannot be caught",
+    "SIGINT": "Python turns it into KeyboardInterrupt",
+    "SIGTERM": "it must stop the program",
+    "SIGHUP": "it must stop the program when its terminal goes away",
+    "SIGSEGV": "it reports a crash (faulthandler's)",
+    "SIGBUS": "it reports a crash (faulthandler's)",
+    "SIGFPE": "it reports a crash (faulthandler's)",
+    "SIGILL": "it reports a crash (faulthandler's)",
+    "SIGABRT": "it reports a crash (faulthandler's)",
+    "SIGSYS": "it reports a crash",
+    "SIGTRAP": "debuggers use it",
+    "SIGCHLD": "the system sends it whenever a child process ends",
+    "SIGWINCH": "the system sends it whenever the terminal is resized",
+    "SIGURG": "the system sends it for urgent socket data",
+    "SIGCONT": "job control uses it",
+    "SIGTSTP": "job control uses it",
+    "SIGTTIN": "job control uses it",
+    "SIGTTOU": "job control uses it",
+    "SIGPIPE": "Python ignores it for its own use",
+    "SIGALRM": "timers use it (signal.alarm, pytest-timeout)",
+    "SIGVTALRM": "timers use it",
+    "SIGPROF": "profilers use it",
+}
+
+#: (signal number, the handler it replaced) while ours is installed.
+_installed: list[tuple[int, Any]] = []
+
+
+def _handler(signum: int, frame: Any) -> None:
+    del frame
+    from ._dumpproto import serve
+
+    serve(os.getpid())
+
+
+def _caught_elsewhere(signum: int) -> bool:
+    """Linux: a handler installed outside Python (faulthandler.register, a C library) shows
+    in /proc/self/status SigCgt while Python still reports SIG_DFL."""
+    try:
+        with open("/proc/self/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"SigCgt:"):
+                    return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
+
+
+def refusal(name: str) -> Optional[str]:
+    """Why ``name`` (``"SIGUSR1"``) cannot be the dump signal in this process, or None."""
+    import signal
+
+    if name in REFUSED:
+        return f"{name} cannot be used: {REFUSED[name]}"
+    signum = getattr(signal, name, None)
+    if not isinstance(signum, int) or name.startswith("SIG_"):
+        return f"{name} does not exist on this platform"
+    current = signal.getsignal(signum)
+    if current is not signal.SIG_DFL or _caught_elsewhere(signum):
+        what = "ignores" if current is signal.SIG_IGN else "handles"
+        return f"{name} cannot be used: the program already {what} it"
+    return None
+
+
+def start(state: Any = None) -> None:
+    """The start hook: install the handler ``MONSTACK_DUMP_SIGNAL`` asks for. Never raises."""
+    try:
+        raw = os.environ.get(DUMP_SIGNAL_ENV, "")
+        if not raw.strip():
+            return
+        name = env_dump_signal()
+        if name is None:
+            return  # a bad value: start-up already said so (read_env's problems)
+        if _installed:
+            return  # still ours from an earlier install
+        import signal
+        import threading
+
+        if threading.current_thread() is not threading.main_thread():
+            warn_once(f"{DUMP_SIGNAL_ENV}={raw.strip()}: install() ran outside the main thread; no dump signal")
+            return
+        why = refusal(name)
+        if why is not None:
+            warn_once(f"{DUMP_SIGNAL_ENV}={raw.strip()}: {why}; no dump signal")
+            return
+        signum = getattr(signal, name)
+        previous = signal.signal(signum, _handler)
+        _installed.append((signum, previous))
+    except Exception as exc:
+        warn_once(f"{DUMP_SIGNAL_ENV}: the handler could not be installed ({type(exc).__name__}: {exc})")
+
+
+def stop(state: Any = None) -> None:
+    """The stop hook: put the previous handler back, if ours is still the one installed.
+    Outside the main thread Python cannot change handlers: ours stays (it still works)."""
+    if not _installed:
+        return
+    try:
+        import signal
+        import threading
+
+        if threading.current_thread() is not threading.main_thread():
+            return
+        signum, previous = _installed.pop()
+        if signal.getsignal(signum) is _handler:
+            signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
+    except Exception:
+        pass
+
+
+def installed_signal() -> Optional[int]:
+    """The signal number whose handler is ours, or None."""
+    return _installed[0][0] if _installed else None
+
+
+def register() -> None:
+    """Make ``install()``/``uninstall()`` run :func:`start`/:func:`stop` (once)."""
+    if start not in _install._start_hooks:
+        _install._start_hooks.append(start)
+        _install._stop_hooks.append(stop)
+

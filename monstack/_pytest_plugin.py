@@ -1,0 +1,132 @@
+"""pytest-timeout with monstack's report: what ``_monstack_pytest`` (the entry point)
+calls when monstack is tracking and pytest-timeout sets a test's timer.
+
+pytest-timeout has no "on timeout" hook, only ``pytest_timeout_set_timer`` and
+``pytest_timeout_cancel_timer`` to replace its timer. :func:`set_timer` is its timer (the
+same two methods, the same fallback from ``signal`` to ``thread`` outside the main thread,
+its debugger detection, its ``pytest.fail`` for ``signal`` and ``os._exit(1)`` for
+``thread``), with monstack's report where pytest-timeout dumps bare stacks. Cancelling stays
+pytest-timeout's: it calls the ``item.cancel_timeout`` set here. Anything unexpected
+(another pytest-timeout, a method it does not know) returns None: its own timer runs.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import traceback
+from typing import Any, Optional
+
+try:
+    import pytest
+except ImportError:  # only pytest loads this module (a test dependency, not a runtime one)
+    pytest = None  # type: ignore[assignment]
+
+#: The title of the separators around the report.
+TITLE = "Timeout"
+
+
+def _report(terminal: Any) -> None:
+    """monstack's report of every thread and task on pytest's terminal."""
+    try:
+        from ._dump import report
+
+        text = report(color=bool(getattr(terminal, "hasmarkup", False)))
+    except Exception as exc:  # report() never raises; an old or missing one might
+        text = f"monstack could not build its report ({type(exc).__name__}: {exc})\n"
+    terminal.write(text if text.endswith("\n") else text + "\n")
+
+
+def _debugging(pt: Any, settings: Any) -> bool:
+    return not settings.disable_debugger_detection and pt.is_debugging()
+
+
+def _timeout_sigalrm(pt: Any, item: Any, settings: Any) -> None:
+    """pytest-timeout's ``timeout_sigalrm``: report, then fail the test."""
+    if _debugging(pt, settings):
+        return
+    __tracebackhide__ = True
+    terminal = item.config.get_terminal_writer()
+    terminal.sep("+", title=TITLE)
+    _report(terminal)
+    terminal.sep("+", title=TITLE)
+    pytest.fail(pt.PYTEST_FAILURE_MESSAGE % settings.timeout)
+
+
+def _timeout_timer(pt: Any, item: Any, settings: Any) -> None:
+    """pytest-timeout's ``timeout_timer``: captured output, the report, ``os._exit(1)``."""
+    if _debugging(pt, settings):
+        return
+    terminal = item.config.get_terminal_writer()
+    try:
+        capman = item.config.pluginmanager.getplugin("capturemanager")
+        if capman:
+            capman.suspend_global_capture(item)
+            stdout, stderr = capman.read_global_capture()
+        else:
+            stdout, stderr = None, None
+        terminal.sep("+", title=TITLE)
+        caplog = item.config.pluginmanager.getplugin("_capturelog")
+        if caplog and hasattr(item, "capturelog_handler"):
+            log = item.capturelog_handler.stream.getvalue()
+            if log:
+                terminal.sep("~", title="Captured log")
+                terminal.write(log)
+        if stdout:
+            terminal.sep("~", title="Captured stdout")
+            terminal.write(stdout)
+        if stderr:
+            terminal.sep("~", title="Captured stderr")
+            terminal.write(stderr)
+        _report(terminal)
+        terminal.sep("+", title=TITLE)
+    except Exception:
+        traceback.print_exc()
+    finally:
+        terminal.flush()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
+
+
+def set_timer(item: Any, settings: Any) -> Optional[bool]:
+    """pytest-timeout's ``pytest_timeout_set_timer`` with monstack's report; None leaves
+    the timer to pytest-timeout."""
+    try:
+        import pytest_timeout as pt  # type: ignore[import-untyped, unused-ignore]
+
+        pt.is_debugging, pt.PYTEST_FAILURE_MESSAGE  # noqa: B018  (what this relies on)
+        method = settings.method
+        settings.timeout, settings.disable_debugger_detection  # noqa: B018
+    except (ImportError, AttributeError):
+        return None
+    if method == "signal" and threading.current_thread() is not threading.main_thread():
+        method = "thread"
+    if method == "signal" and hasattr(signal, "SIGALRM"):
+
+        def handler(signum: int, frame: Any) -> None:
+            __tracebackhide__ = True
+            _timeout_sigalrm(pt, item, settings)
+
+        def cancel() -> None:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, signal.SIG_DFL)
+
+        item.cancel_timeout = cancel
+        signal.signal(signal.SIGALRM, handler)
+        signal.setitimer(signal.ITIMER_REAL, settings.timeout)
+    elif method == "thread":
+        timer = threading.Timer(settings.timeout, _timeout_timer, (pt, item, settings))
+        timer.name = f"{pt.__name__} {item.nodeid}"
+
+        def cancel() -> None:
+            timer.cancel()
+            timer.join()
+
+        item.cancel_timeout = cancel
+        timer.start()
+    else:
+        return None
+    return True

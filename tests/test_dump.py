@@ -1,0 +1,376 @@
+"""monstack.dump() / report() / dump_later(): the hang report, in process and on real
+hung programs in subprocesses (tests/programs/hang_*.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import os
+import re
+import subprocess
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+import monstack
+from monstack import _dump, _threads
+
+from conftest import FakeStream, integration_module
+from test_threads import Parked
+
+PROGRAMS = Path(__file__).resolve().parent / "programs"
+
+
+@pytest.fixture(autouse=True)
+def _no_watchdog_left():
+    yield
+    monstack.cancel_dump_later()
+
+
+def line_of(path, marker: str) -> int:
+    with open(path) as f:
+        for n, line in enumerate(f, 1):
+            if marker in line and "line_of(" not in line:
+                return n
+    raise LookupError(marker)
+
+
+def frame_line(path, marker: str) -> str:
+    """The report's line for the frame at ``marker`` in ``path``."""
+    return f'  File "{path}", line {line_of(path, marker)}, in '
+
+
+def section(report: str, heading_start: str) -> str:
+    """The part of ``report`` from the heading starting with ``heading_start`` to the next
+    thread, loop or task heading."""
+    start = report.index(heading_start)
+    nxt = re.search(r'^(Thread [("]|Task "|Asyncio loop )', report[start + 1:], re.M)
+    return report[start: start + 1 + nxt.start()] if nxt else report[start:]
+
+
+def test_public_exports():
+    for name in ("threads", "dump", "dump_later", "cancel_dump_later"):
+        assert name in monstack.__all__ and hasattr(monstack, name), name
+    assert monstack.dump is _dump.dump and monstack.threads is _threads.threads
+
+
+def test_report_of_parked_threads():
+    monstack.install()
+    with Parked(count=2, depth=3, name="parked") as parked:
+        text = monstack._dump.report()
+    assert text.startswith(f"monstack dump: process {os.getpid()}, CPython ")
+    assert "backend " in text.splitlines()[0]
+    for t in parked.threads:
+        part = section(text, f'Thread "{t.name}" (ident {t.ident:#x}, daemon')
+        assert "Stack (most recent call last):" in part
+        assert "release.wait()  # the line every parked thread waits at" in part
+        assert "threading.py" in part  # library frames included, down to the wait
+        assert "Work created at (most recent call last):" in part
+        assert "t.start()  # STARTED" in part
+    me = section(text, 'Thread "MainThread"')
+    assert "writing this report" in me
+    assert "monstack/_dump.py" not in text and "monstack/_threads.py" not in text
+
+
+def test_not_installed_says_so_and_shows_stacks():
+    with Parked(count=1) as parked:
+        text = monstack._dump.report()
+    assert "monstack not installed: stacks without origins" in text.splitlines()[0]
+    part = section(text, f'Thread "{parked.threads[0].name}"')
+    assert "release.wait()" in part and "Work created at" not in part
+
+
+def pool_job(ready, release):
+    ready.set()
+    release.wait()  # POOL-WAITS
+
+
+def test_pool_job_and_its_submit_line():
+    monstack.install()
+    ready, release = threading.Event(), threading.Event()
+    with ThreadPoolExecutor(1, thread_name_prefix="dumppool") as pool:
+        fut = pool.submit(pool_job, ready, release)  # POOL-SUBMIT
+        try:
+            assert ready.wait(30)
+            text = monstack._dump.report()
+        finally:
+            release.set()
+        fut.result()
+    part = section(text, 'Thread "dumppool_0"')
+    assert "release.wait()  # POOL-WAITS" in part
+    assert "pool.submit(pool_job, ready, release)  # POOL-SUBMIT" in part
+
+
+async def wait_forever(ev):
+    await ev.wait()  # TASK-WAITS
+
+
+def test_tasks_of_a_loop_in_another_thread():
+    monstack.install()
+    loop = asyncio.new_event_loop()
+    started = threading.Event()
+    t = threading.Thread(target=loop.run_forever, name="dump-loop", daemon=True)
+    t.start()
+    try:
+        holder = {}
+
+        async def make():
+            holder["ev"] = asyncio.Event()
+            holder["task"] = asyncio.get_running_loop().create_task(wait_forever(holder["ev"]), name="waiter")  # TASK-CREATED
+            started.set()
+
+        asyncio.run_coroutine_threadsafe(make(), loop).result(30)
+        assert started.wait(30)
+        text = monstack._dump.report()
+        loop.call_soon_threadsafe(holder["ev"].set)
+        asyncio.run_coroutine_threadsafe(asyncio.sleep(0), loop).result(30)
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        t.join(30)
+        loop.close()
+    assert re.search(r'^Asyncio loop .* in thread "dump-loop" \(ident 0x[0-9a-f]+\), running, 1 pending task:', text, re.M)
+    part = section(text, 'Task "waiter" (pending):')
+    assert "Await chain (most recent call last):" in part
+    assert "await ev.wait()  # TASK-WAITS" in part
+    assert "locks.py" in part  # down to the line it waits at, in asyncio
+    assert "awaiting <Future pending" in part
+    assert "Task created at (most recent call last):" in part
+    assert "# TASK-CREATED" in part
+
+
+@pytest.mark.integration
+def test_uvloop_tasks_in_another_thread():
+    """uvloop's run_forever has no Python frame: its loop is found through its tasks
+    (3.11-3.13) or the loops monstack's asyncio point saw create tasks (3.14+)."""
+    uvloop = integration_module("uvloop")
+    monstack.install()
+    ready, done = threading.Event(), threading.Event()
+    holder = {}
+
+    async def main():
+        holder["ev"] = asyncio.Event()
+        holder["task"] = asyncio.create_task(wait_forever(holder["ev"]), name="uv-waiter")  # UV-CREATED
+        holder["loop"] = asyncio.get_running_loop()
+        await asyncio.sleep(0)
+        ready.set()
+        await holder["task"]
+
+    t = threading.Thread(target=lambda: (uvloop.run(main()), done.set()), name="uv-loop", daemon=True)
+    t.start()
+    try:
+        assert ready.wait(30)
+        text = monstack._dump.report()
+    finally:
+        if "loop" in holder:
+            holder["loop"].call_soon_threadsafe(holder["ev"].set)
+        t.join(30)
+    assert re.search(r"^Asyncio loop uvloop\.Loop.*, running, 2 pending tasks:", text, re.M), text
+    part = section(text, 'Task "uv-waiter" (pending):')
+    assert "await ev.wait()  # TASK-WAITS" in part and "# UV-CREATED" in part
+
+
+def test_size_cap():
+    monstack.install()
+    with Parked(count=5, depth=20):
+        full = monstack._dump.report(limit_bytes=None)
+        cut = monstack._dump.report(limit_bytes=2000)
+    assert "[report cut at" not in full
+    assert len(cut.encode()) < 2000 + 300
+    assert re.search(r"\[report cut at 2000 bytes: \d+ more thread\(s\) and 0 more task section\(s\) not shown\]", cut)
+    assert cut.startswith("monstack dump:")
+
+
+def test_never_raises(monkeypatch):
+    monstack.install()
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(_dump, "_frame_records", broken)
+    monkeypatch.setattr(_threads, "threads", broken)
+    monkeypatch.setattr(_dump, "_loops", broken)
+    text = monstack._dump.report()
+    assert "could not be reported: RuntimeError('boom')" in text
+    assert "(monstack: event loops could not be listed: RuntimeError('boom'))" in text
+    monkeypatch.setattr(_dump, "_header", broken)
+    assert "(monstack: the report failed: RuntimeError('boom'))" in monstack._dump.report()
+
+
+def test_dump_writes_to_stderr_by_default(capsys):
+    monstack.dump()
+    err = capsys.readouterr().err
+    assert err.startswith("monstack dump:") and "\x1b[" not in err
+
+
+def test_colour_decided_for_the_file(monkeypatch):
+    for name in ("NO_COLOR", "FORCE_COLOR", "PYTHON_COLORS", "MONSTACK_COLOR", "TERM"):
+        monkeypatch.delenv(name, raising=False)
+    tty, plain = FakeStream(tty=True), FakeStream(tty=False)
+    monstack.dump(tty)
+    monstack.dump(plain)
+    assert "\x1b[1m" in tty.getvalue()
+    assert "\x1b[" not in plain.getvalue()
+    monkeypatch.setenv("NO_COLOR", "1")
+    quiet = FakeStream(tty=True)
+    monstack.dump(quiet)
+    assert "\x1b[" not in quiet.getvalue()
+
+
+def test_dump_later_fires_once_then_repeats_and_cancels():
+    got = threading.Event()
+
+    class Sink(io.StringIO):
+        def flush(self):
+            got.set()
+
+    once = Sink()
+    monstack.dump_later(0.01, file=once)
+    assert got.wait(30)
+    assert once.getvalue().count("monstack dump:") == 1
+    assert "(monstack's dump_later watchdog)" in once.getvalue()
+
+    reports = []
+    twice = threading.Event()
+
+    class Counting(io.StringIO):
+        def flush(self):
+            reports.append(1)
+            if len(reports) >= 2:
+                twice.set()
+
+    monstack.dump_later(0.01, repeat=True, file=Counting())
+    assert twice.wait(30)
+    watchdog = _dump._watchdog
+    monstack.cancel_dump_later()
+    watchdog.thread.join(30)
+    assert not watchdog.thread.is_alive()
+    monstack.cancel_dump_later()  # nothing pending: nothing happens
+
+
+def test_dump_later_replaces_and_cancel_prevents():
+    never = io.StringIO()
+    monstack.dump_later(3600, file=never)
+    first = _dump._watchdog
+    monstack.dump_later(3600, file=never)
+    first.thread.join(30)
+    assert not first.thread.is_alive()  # replaced: its thread ended without dumping
+    second = _dump._watchdog
+    monstack.cancel_dump_later()
+    second.thread.join(30)
+    assert not second.thread.is_alive() and never.getvalue() == ""
+
+
+@pytest.mark.parametrize("bad,exc", [(0, ValueError), (-1, ValueError), (float("nan"), ValueError),
+                                     (float("inf"), ValueError), ("1", TypeError), (None, TypeError), (True, TypeError)])
+def test_dump_later_bad_timeout(bad, exc):
+    with pytest.raises(exc):
+        monstack.dump_later(bad)
+    assert _dump._watchdog is None
+
+
+def test_stress_threads_and_tasks_come_and_go():
+    """Threads and tasks start and end while dumps run: every report is whole."""
+    monstack.install()
+    stop = threading.Event()
+
+    def churn_threads():
+        while not stop.is_set():
+            ts = [threading.Thread(target=lambda: None) for _ in range(4)]
+            for t in ts:
+                t.start()
+            for t in ts:
+                t.join()
+
+    def churn_tasks():
+        async def short():
+            await asyncio.sleep(0)
+
+        async def main():
+            while not stop.is_set():
+                await asyncio.gather(*(asyncio.create_task(short()) for _ in range(20)))
+
+        asyncio.run(main())
+
+    workers = [threading.Thread(target=churn_threads, daemon=True), threading.Thread(target=churn_tasks, daemon=True)]
+    for w in workers:
+        w.start()
+    try:
+        for _ in range(60):
+            text = monstack._dump.report()
+            assert text.startswith("monstack dump:")
+            assert "could not be" not in text and "failed" not in text
+    finally:
+        stop.set()
+        for w in workers:
+            w.join(30)
+
+
+# -- real hung programs ----------------------------------------------------------------------
+
+
+def run_hung(name: str, mode: str) -> str:
+    """Run tests/programs/<name> in ``mode`` until it has written its report; its stderr."""
+    env = dict(os.environ)
+    env.pop("MONSTACK", None)
+    env["PYTHONPATH"] = os.pathsep.join([str(PROGRAMS)] + [p for p in sys.path if p])
+    proc = subprocess.run([sys.executable, str(PROGRAMS / name), mode], capture_output=True, text=True,
+                          timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "ready\n"
+    assert proc.stderr.rstrip().endswith("END-OF-DUMP"), proc.stderr
+    return proc.stderr
+
+
+def lines(report: str, path: Path, *markers: str) -> None:
+    for marker in markers:
+        assert frame_line(path, marker) in report, (marker, report)
+        assert marker in report
+
+
+MODES = ["dump", "dump-later"]
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("mode", MODES)
+def test_hung_lock_order_deadlock(mode):
+    path = PROGRAMS / "hang_deadlock.py"
+    text = run_hung(path.name, mode)
+    alpha, beta = section(text, 'Thread "alpha"'), section(text, 'Thread "beta"')
+    lines(alpha, path, "# WAITS-A", "# STARTS-A")
+    lines(beta, path, "# WAITS-B", "# STARTS-B")
+    lines(section(text, 'Thread "MainThread"'), path, "# MAIN-WAITS")
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("mode", MODES)
+def test_hung_pool_job(mode):
+    path = PROGRAMS / "hang_pool.py"
+    text = run_hung(path.name, mode)
+    lines(section(text, 'Thread "pool_0"'), path, "# WAITS-JOB", "# SUBMITS")
+    lines(section(text, 'Thread "MainThread"'), path, "# MAIN-WAITS")
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("mode", MODES)
+def test_hung_asyncio_task_in_another_thread(mode):
+    path = PROGRAMS / "hang_asyncio.py"
+    text = run_hung(path.name, mode)
+    lines(section(text, 'Thread "event-loop"'), path, "# STARTS-LOOP")
+    lines(section(text, 'Thread "MainThread"'), path, "# MAIN-WAITS")
+    assert re.search(r'^Asyncio loop .* in thread "event-loop" .*running, 2 pending tasks:', text, re.M), text
+    task = section(text, 'Task "forever" (pending):')
+    lines(task, path, "# WAITS-TASK", "# CREATES-TASK", "# STARTS-LOOP")
+    lines(section(text, 'Task "Task-1" (pending):'), path, "# WAITS-SUPERVISOR")
+    assert 'awaiting task "forever"' in section(text, 'Task "Task-1" (pending):')
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("mode", MODES)
+def test_hung_main_thread_sleeping(mode):
+    path = PROGRAMS / "hang_sleep.py"
+    text = run_hung(path.name, mode)
+    lines(section(text, 'Thread "MainThread"'), path, "# MAIN-SLEEPS")
+    lines(section(text, 'Thread "sleeper"'), path, "# WAITS-WORKER", "# STARTS-WORKER")
