@@ -13,12 +13,16 @@ line in the report.
 from __future__ import annotations
 
 import _thread
-import datetime
 import os
 import sys
-import threading
-from types import FrameType
-from typing import IO, Any, Iterable, Optional
+import time
+
+# Nothing heavy at import (``monstack`` imports this at start-up): threading is imported
+# by ``dump_later()``, typing only by type checkers.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from types import FrameType
+    from typing import IO, Any, Iterable, Optional
 
 from . import _capture, _format, _threads
 from ._colorize import ANSI, resolve
@@ -262,7 +266,7 @@ def _header(color: bool, n_threads: int) -> str:
         how = "monstack not installed: stacks without origins"
     else:
         how = f"backend {state.backend.name}"
-    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    now = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     version = ".".join(map(str, sys.version_info[:3]))
     return _format.heading(
         f"monstack dump: process {os.getpid()}, CPython {version}, {how}, {now}, {n_threads} threads", color
@@ -385,6 +389,8 @@ class _Watchdog:
         self.timeout = timeout
         self.repeat = repeat
         self.file = file
+        import threading
+
         self.cancelled = threading.Event()
         self.thread = threading.Thread(target=_WatchdogRun(self), name="monstack-dump-later", daemon=True)
 
@@ -406,7 +412,7 @@ class _WatchdogRun:
 
 
 _watchdog: Optional[_Watchdog] = None
-_watchdog_lock = threading.Lock()  # (monstack's own: taken by dump_later/cancel only)
+_watchdog_lock = _thread.allocate_lock()  # (monstack's own: taken by dump_later/cancel only)
 
 
 def dump_later(timeout: float, repeat: bool = False, file: Optional[IO[str]] = None) -> None:

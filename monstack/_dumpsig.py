@@ -17,7 +17,10 @@ thread only, so the handler is installed only when ``install()`` runs there.
 from __future__ import annotations
 
 import os
-from typing import Any, Optional
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Optional
 
 from . import _install
 from ._errors import warn_once
