@@ -312,12 +312,15 @@ class MonitoringBackend:
         if self.accelerator is False:
             self.accel_reason = "turned off (accelerator=False)"
             return False
-        from . import _accel  # imports ctypes: only when it may be used
-
         if self.accelerator is None and env_accelerator_off():
             self.accel_reason = "turned off (MONSTACK_ACCELERATOR=0)"
             return False
-        why = _accel.unavailable()
+        try:
+            from . import _accel  # imports ctypes: only when it may be used
+        except ImportError as exc:  # 3.12: _ctypes refuses subinterpreters with their own GIL
+            why = f"ctypes cannot be imported here ({exc})"
+        else:
+            why = _accel.unavailable()
         if why:
             if self.accelerator:
                 raise RuntimeError(f"accelerator=True but the native callbacks cannot run here: {why}")

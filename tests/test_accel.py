@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import gc
 import inspect
+import json
 import os
 import random
 import shutil
@@ -1329,3 +1330,50 @@ def test_popped_nodes_are_reused_only_when_nothing_else_holds_them():
         assert shadow_records(snap) == real
         names = [name.rsplit(".", 1)[-1] for name, _ in chain(snap)]
         assert names[:2] == ["leaf_snap", "mid"]
+
+
+_SUBINTERPRETER_CODE = """
+import json, sys, warnings
+sys.path.insert(0, ROOT)
+warnings.simplefilter("error")  # a MonstackWarning fails the run
+import monstack
+monstack.install(propagate=False)
+def f():
+    return monstack.snapshot()
+snap = f()
+status = monstack.status()
+with open(OUT, "w") as fh:
+    json.dump([status["backend"], status.get("accelerator"), [r[2] for r in snap.records()]], fh)
+"""
+
+_SUBINTERPRETER = """
+import sys
+try:
+    import _interpreters as interpreters  # 3.13+
+except ImportError:
+    import _xxsubinterpreters as interpreters  # 3.12
+interp = interpreters.create()
+interpreters.run_string(interp, CODE)
+interpreters.destroy(interp)
+"""
+
+
+def test_a_subinterpreter_without_ctypes_runs_the_pure_python_callbacks(tmp_path):
+    """An isolated subinterpreter (its own GIL) of 3.12 cannot import ``_ctypes``: the
+    default accelerator falls back to the pure-Python callbacks there, with no warning;
+    where ``_ctypes`` loads (3.13+) the native callbacks run in it as in the main one."""
+    out = tmp_path / "status.json"
+    code = f"ROOT = {ROOT!r}\nOUT = {str(out)!r}\n" + _SUBINTERPRETER_CODE
+    src = f"CODE = {code!r}\n" + _SUBINTERPRETER
+    done = subprocess.run([sys.executable, "-c", src], capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, PYTHONPATH=ROOT))
+    assert done.returncode == 0 and "MonstackWarning" not in done.stderr, done.stderr
+    backend, accelerator, names = json.loads(out.read_text())
+    assert backend == "monitoring"
+    assert names[-1] == "f"
+    if os.environ.get("MONSTACK_ACCELERATOR") == "0":
+        assert accelerator == "none (turned off (MONSTACK_ACCELERATOR=0))"
+    elif sys.version_info[:2] == (3, 12):
+        assert accelerator.startswith("none (ctypes cannot be imported here"), accelerator
+    elif _accel.unavailable() is None:
+        assert accelerator == "native"
