@@ -1,8 +1,8 @@
 """monstack: per-thread shadow stacks, O(1) snapshots, and where failed work came from."""
 
-from ._capture import active_backend, snapshot, snapshotter, status
+from ._capture import active_backend, snapshot, snapshotter
 from ._errors import MonstackWarning
-from ._install import install, uninstall
+from ._install import install, status, uninstall
 from ._origin import (
     attach,
     current_origin,

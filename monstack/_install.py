@@ -94,6 +94,15 @@ def uninstall() -> None:
         _uninstall_locked()
 
 
+def status() -> dict[str, Any]:
+    """What ``python -m monstack info`` prints: backend, reason, policy, backend details,
+    and the propagation points (on, waiting for their module's import, failed)."""
+    out = _capture.status()
+    if out.get("backend") is not None:
+        out.update(_propagate.describe())
+    return out
+
+
 def current_options() -> Optional[dict]:
     """The options of the running install (as ``install()`` normalised them), or None."""
     running = _capture.running()

@@ -960,6 +960,21 @@ class _PatchingLoader:
                 pass
 
 
+def describe() -> dict[str, str]:
+    """The propagation part of ``monstack.status()`` (and ``info``): the points on, the
+    modules whose import will patch (points are patched when the program imports their
+    module), and the points whose patch failed, with why."""
+    on = [name for name in PROPAGATION_POINTS if name in _ON]
+    out = {"propagation": ", ".join(on) if on else "off"}
+    waiting = sorted(trigger for trigger, entries in _PENDING.items()
+                     if any(name in PROPAGATION_POINTS for name, _ in entries))
+    if waiting:
+        out["patched at import of"] = ", ".join(waiting)
+    if FAILED:
+        out["propagation failed"] = "; ".join(f"{name} ({why})" for name, why in FAILED.items())
+    return out
+
+
 def _patch_failed(name: str, exc: BaseException) -> None:
     """A point could not be patched when its module was imported: the program goes on,
     that point's work gets no origin, and the user is told (a MonstackWarning, or a line
