@@ -205,7 +205,7 @@ def test_targets_script_grades_a_bench_run(results, targets_mod):
     assert verdicts
     for t in verdicts:
         assert set(t) == {"issue", "target", "value", "met", "note"}
-        assert t["issue"] in (3, 7, 10, 21)
+        assert t["issue"] in (3, 7, 10, 20, 21)
         assert t["met"] in (True, False, None)
     assert {t["issue"] for t in verdicts} >= {21}
     text = io.StringIO()
@@ -230,6 +230,20 @@ def _small_run(opqueue_ratio: float) -> dict:
         "memory": {"runs": {"monitoring, same frame": {"bytes per snapshot": 80.0}},
                    "liveness": {"monitoring": {"local dead without gc": True, "frame objects reachable from snapshots": 0}}},
     }
+
+
+def test_targets_script_issue_20_op_queue_floor(targets_mod):
+    """Issue 20's op-queue target: 1.05x, or within 2% of what installing with every code
+    filtered already costs (a sys.monitoring tool's floor)."""
+    def verdict(dflt: float, floor: float) -> object:
+        run = _small_run(dflt)
+        run["opqueue"]["ratios"][_sections.FILTERED_FLOOR] = {"median": floor, "min": floor, "max": floor, "n": 3}
+        vs = {t["target"]: t for t in targets_mod.targets(run)}
+        return vs["op-queue <= 1.05x, or within 2% of the filtered floor"]["met"]
+
+    assert verdict(1.04, 1.00) is True
+    assert verdict(1.08, 1.07) is True
+    assert verdict(1.10, 1.07) is False
 
 
 def test_targets_script_verdicts_on_a_small_document(tmp_path, targets_mod):
