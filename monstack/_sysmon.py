@@ -315,6 +315,7 @@ class MonitoringBackend:
         if self.accelerator is None and env_accelerator_off():
             self.accel_reason = "turned off (MONSTACK_ACCELERATOR=0)"
             return False
+        why: Optional[str]
         try:
             from . import _accel  # imports ctypes: only when it may be used
         except ImportError as exc:  # 3.12: _ctypes refuses subinterpreters with their own GIL
