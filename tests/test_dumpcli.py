@@ -97,9 +97,10 @@ def targets(tmp_path):
     t.close()
 
 
-def dump(pid: int, *args: str, uid: "int | None" = None, **env: str) -> subprocess.CompletedProcess:
+def dump(pid: int, *args: str, uid: "int | None" = None, python: str = sys.executable,
+         **env: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "monstack", "dump", str(pid), *args], capture_output=True, text=True,
+        [python, "-m", "monstack", "dump", str(pid), *args], capture_output=True, text=True,
         env=_env(**env), preexec_fn=_user(uid) if uid is not None else None, timeout=120, cwd=str(REPO),
     )
 
@@ -123,21 +124,35 @@ def need_root() -> None:
         pytest.skip(reason)
 
 
-def need_interpreter_for(uid: int) -> None:
-    """This interpreter (and monstack) must be usable by ``uid`` (pyenv's live in /root)."""
+def _usable_by(python: str, uid: int) -> bool:
     try:
         out = subprocess.run(
-            [sys.executable, "-c", "import monstack"], preexec_fn=_user(uid), capture_output=True, cwd="/",
+            [python, "-c", "import monstack"], preexec_fn=_user(uid), capture_output=True, cwd="/",
             env=_env(PYTHONPATH=str(REPO)),
         )
-        usable = out.returncode == 0
     except OSError:
-        usable = False
-    if not usable:
-        reason = f"{sys.executable} or monstack cannot be run by uid {uid} here"
-        if CI:
-            pytest.fail(reason, pytrace=False)
-        pytest.skip(reason)
+        return False
+    return out.returncode == 0
+
+
+def interpreter_for(uid: int) -> str:
+    """An interpreter ``uid`` can run monstack with: this one, or else a system-wide one.
+
+    pyenv's interpreters live under /root (mode 700), out of another user's reach; what these
+    tests check (who may dump whom, the private directory) is the same with any version, and
+    the signal path does not need caller and target versions to match."""
+    candidates = [sys.executable]
+    for name in ("python3.15", "python3.14", "python3.13", "python3.12", "python3.11", "python3"):
+        found = shutil.which(name, path="/usr/local/bin:/usr/bin:/bin")
+        if found and found not in candidates:
+            candidates.append(found)
+    for python in candidates:
+        if _usable_by(python, uid):
+            return python
+    reason = f"no interpreter here can run monstack as uid {uid} (tried {', '.join(candidates)})"
+    if CI:
+        pytest.fail(reason, pytrace=False)
+    pytest.skip(reason)
 
 
 WORKER_LINES = ("event.wait()  # the worker's waiting line", "thread.start()  # the worker's creating line")
@@ -383,20 +398,23 @@ def test_a_caller_of_another_user_is_not_permitted(targets):
 
 def test_a_caller_of_another_user_is_not_permitted_cli(targets):
     need_root()
-    need_interpreter_for(NOBODY)
+    python = interpreter_for(NOBODY)
     target = targets.start("loop", MONSTACK="1", MONSTACK_DUMP_SIGNAL="USR1")
-    one_line_error(dump(target.pid, uid=NOBODY, PYTHONPATH=str(REPO)), "not permitted", "uid 0")
+    one_line_error(dump(target.pid, uid=NOBODY, python=python, PYTHONPATH=str(REPO)), "not permitted", "uid 0")
     assert target.poll() is None
 
 
 def test_root_dumps_another_users_process_through_its_private_directory(targets):
     need_root()
-    need_interpreter_for(NOBODY)
-    target = targets.start("sleep", uid=NOBODY, MONSTACK="1", MONSTACK_DUMP_SIGNAL="USR1", PYTHONPATH=str(REPO))
+    python = interpreter_for(NOBODY)
+    # the runner, not MONSTACK=1: a system interpreter has no monstack-startup.pth
+    runner = ("-m", "monstack", "run", "--dump-signal", "USR1")
+    target = targets.start("sleep", python=python, uid=NOBODY, runner=runner, PYTHONPATH=str(REPO))
     out = dump(target.pid)
     assert out.returncode == 0, out.stderr
     assert MAIN_LINES["sleep"] in out.stdout and WORKER_LINES[1] in out.stdout
     st = os.lstat(_dumpproto.dir_path(NOBODY))
     assert st.st_uid == NOBODY and st.st_mode & 0o077 == 0
     # ... and a third user may not
-    one_line_error(dump(target.pid, uid=NOBODY - 1, PYTHONPATH=str(REPO)), "not permitted")
+    one_line_error(dump(target.pid, uid=NOBODY - 1, python=interpreter_for(NOBODY - 1), PYTHONPATH=str(REPO)),
+                   "not permitted")
