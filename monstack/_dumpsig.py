@@ -22,7 +22,6 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Optional
 
-from . import _install
 from ._errors import warn_once
 from ._settings import DUMP_SIGNAL_ENV, env_dump_signal
 
@@ -142,11 +141,4 @@ def stop(state: Any = None) -> None:
 def installed_signal() -> Optional[int]:
     """The signal number whose handler is ours, or None."""
     return _installed[0][0] if _installed else None
-
-
-def register() -> None:
-    """Make ``install()``/``uninstall()`` run :func:`start`/:func:`stop` (once)."""
-    if start not in _install._start_hooks:
-        _install._start_hooks.append(start)
-        _install._stop_hooks.append(stop)
 

@@ -62,9 +62,8 @@ from __future__ import annotations
 import _thread
 import sys
 
-from . import _greenlet, _snapshot, _threads
+from . import _snapshot
 from ._errors import warn
-from ._origin import _attach_if_absent, _drop_own_entry, _snap, _WithOrigin
 from ._settings import PROPAGATION_POINTS
 from ._snapshot import CURRENT_ORIGIN
 
@@ -76,7 +75,25 @@ if TYPE_CHECKING:
     import threading
     from typing import Any, Callable, Optional
 
-_LOOPS = _threads.LOOPS
+    from ._origin import _attach_if_absent, _drop_own_entry, _snap, _WithOrigin
+
+# ``_origin`` (and the formatting it brings) and ``_threads`` load with the first patch
+# that needs them (_load_origin), not at install(): MONSTACK=1 start-up stays light.
+_LOOPS: dict = {}
+_ThreadStart: Any = None
+
+
+def _load_origin() -> None:
+    """Bind what the replacements use from ``_origin`` and ``_threads`` (once)."""
+    global _attach_if_absent, _drop_own_entry, _snap, _WithOrigin, _LOOPS, _ThreadStart
+    if _ThreadStart is not None:
+        return
+    from . import _origin, _threads
+
+    _attach_if_absent, _drop_own_entry, _snap = _origin._attach_if_absent, _origin._drop_own_entry, _origin._snap
+    _WithOrigin = _origin._WithOrigin  # type: ignore[misc]  # (bound here, typed by the import above)
+    _LOOPS = _threads.LOOPS
+    _ThreadStart = _define_thread_start(_origin._WithOrigin)
 
 #: Points switched on now (read by the replacements on every call).
 _ON: set = set()
@@ -124,15 +141,15 @@ def start(options: dict) -> None:
                 _ON.add(name)
                 for trigger, apply in _APPLY[name]:
                     if trigger in sys.modules:
-                        apply()
+                        _apply(name, apply)
                     else:  # patch when the program imports it: install() stays cheap
                         _PENDING.setdefault(trigger, []).append((name, apply))
         # not a propagation point: each greenlet gets its own shadow stack (_greenlet)
         _ON.add(_GREENLETS)
         if "greenlet" in sys.modules:
-            _greenlet.start()
+            _start_greenlets()
         else:
-            _PENDING.setdefault("greenlet", []).append((_GREENLETS, _greenlet.start))
+            _PENDING.setdefault("greenlet", []).append((_GREENLETS, _start_greenlets))
         if _PENDING and _HOOK not in sys.meta_path:
             sys.meta_path.insert(0, _HOOK)
     except BaseException:
@@ -143,7 +160,9 @@ def start(options: dict) -> None:
 def stop() -> None:
     """Undo every patch ``start`` made: the original objects are put back (identity)."""
     _ON.clear()
-    _greenlet.stop()
+    greenlet_mod = sys.modules.get(f"{__package__}._greenlet")
+    if greenlet_mod is not None:
+        greenlet_mod.stop()
     _PENDING.clear()
     try:
         sys.meta_path.remove(_HOOK)
@@ -165,6 +184,20 @@ def stop() -> None:
     if dask_mod is not None:
         dask_mod.forget()
     _snapshot.set_chain_limit(_snapshot.DEFAULT_CHAIN_LIMIT)
+
+
+def _start_greenlets() -> None:
+    from . import _greenlet
+
+    _greenlet.start()
+
+
+def _apply(name: str, apply: Callable[[], None]) -> None:
+    """Patch one part of point ``name`` (the origin machinery loaded first, except for
+    ``_thread``'s patch, applied at every install: it loads it on its first call)."""
+    if name != "start_new_thread":
+        _load_origin()
+    apply()
 
 
 def patched() -> list[tuple[Any, str, Any]]:
@@ -313,13 +346,15 @@ def _unbind_thread(thread: threading.Thread, bound: tuple) -> None:
 def _apply_start_new_thread() -> None:
     import _thread
 
-    from ._origin import _opaque, has_origin
-
     def make(original: Callable[..., Any]) -> Callable[..., Any]:
         def start_new_thread(function: Any, args: Any, *kwargs: Any) -> Any:
-            if ("start_new_thread" not in _ON or has_origin(function) or _opaque(function)
-                    or _threading_bootstrap(function)):
+            if "start_new_thread" not in _ON or _threading_bootstrap(function):
                 return original(function, args, *kwargs)
+            from ._origin import _opaque, has_origin  # (loaded on the first call: see _apply)
+
+            if has_origin(function) or _opaque(function):
+                return original(function, args, *kwargs)
+            _load_origin()
             snap = _take()
             if snap is None:
                 return original(function, args, *kwargs)
@@ -339,40 +374,46 @@ def _threading_bootstrap(function: Any) -> bool:
     return threading_mod is not None and isinstance(getattr(function, "__self__", None), threading_mod.Thread)
 
 
-class _ThreadStart(_WithOrigin):
-    """A ``start_new_thread`` function with an origin. The thread machinery hands it to
-    ``sys.unraisablehook`` as the failed object, so its repr is the function's."""
+def _define_thread_start(base: Any) -> Any:
+    """The ``start_new_thread`` wrapper class (defined once ``_origin`` is loaded)."""
 
-    __slots__ = ()
+    class ThreadStart(base):
+        """A ``start_new_thread`` function with an origin. The thread machinery hands it to
+        ``sys.unraisablehook`` as the failed object, so its repr is the function's."""
 
-    def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
-        snap = self._snap
-        token = CURRENT_ORIGIN.set(snap)
-        ident = _thread.get_ident()
-        _snapshot.RUNNING[ident] = snap  # (a new thread: nothing ran before)
-        try:
-            return self.__wrapped__(*args, **kwargs)
-        except Exception as exc:
-            _attach_if_absent(exc, snap)
-            _drop_own_entry(exc, sys._getframe())
-            if _report_unraisable(exc, self):
-                return None
-            raise
-        except BaseException as exc:
-            _drop_own_entry(exc, sys._getframe())
-            raise
-        finally:
-            _snapshot.RUNNING.pop(ident, None)
+        __slots__ = ()
+
+        def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
+            snap = self._snap
+            token = CURRENT_ORIGIN.set(snap)
+            ident = _thread.get_ident()
+            _snapshot.RUNNING[ident] = snap  # (a new thread: nothing ran before)
             try:
-                CURRENT_ORIGIN.reset(token)
-            except Exception:
-                pass
+                return self.__wrapped__(*args, **kwargs)
+            except Exception as exc:
+                _attach_if_absent(exc, snap)
+                _drop_own_entry(exc, sys._getframe())
+                if _report_unraisable(exc, self):
+                    return None
+                raise
+            except BaseException as exc:
+                _drop_own_entry(exc, sys._getframe())
+                raise
+            finally:
+                _snapshot.RUNNING.pop(ident, None)
+                try:
+                    CURRENT_ORIGIN.reset(token)
+                except Exception:
+                    pass
 
-    def __repr__(self) -> str:
-        try:
-            return repr(self.__wrapped__)
-        except Exception:
-            return _WithOrigin.__repr__(self)
+        def __repr__(self) -> str:
+            try:
+                return repr(self.__wrapped__)
+            except Exception:
+                return base.__repr__(self)
+
+    ThreadStart.__name__ = ThreadStart.__qualname__ = "_ThreadStart"
+    return ThreadStart
 
 
 def _report_unraisable(exc: BaseException, function: Any) -> bool:
@@ -630,7 +671,9 @@ def _make_create_task(original: Callable[..., Any]) -> Callable[..., Any]:
         if "asyncio_tasks" not in _ON:
             return original(self, coro, *args, **kwargs)
         if id(self) not in _LOOPS:
-            _threads.note_loop(self)
+            from ._threads import note_loop
+
+            note_loop(self)
         if kwargs.get("context") is not None:
             return _create_task_in_context(original, self, coro, args, kwargs)
         snap = _take()
@@ -950,7 +993,7 @@ class _PatchingLoader:
         for name, apply in _PENDING.pop(self._name, ()):
             if name in _ON:
                 try:
-                    apply()
+                    _apply(name, apply)
                 except Exception as exc:  # never break the program's import; but say so
                     _patch_failed(name, exc)
         if not _PENDING:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import _thread
 import sys
-from types import CodeType, FrameType
 
 from . import _env, _stack
 from ._policy import Policy
@@ -23,6 +22,7 @@ from ._settings import env_accelerator_off
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from types import CodeType, FrameType
     from typing import Any, Callable, Optional
 
     from ._backend import Host

@@ -143,10 +143,13 @@ def run_pth(monkeypatch):
 
 
 @pytest.mark.parametrize("value", [None, "", "0", "off"])
-def test_pth_line_does_nothing_when_off(run_pth, value):
+def test_pth_line_does_nothing_when_off(run_pth, value, monkeypatch):
+    monkeypatch.delitem(sys.modules, "_monstack_boot", raising=False)
     before = set(sys.modules)
     assert run_pth(value) == []
-    assert set(sys.modules) == before and not hasattr(sys, "_monstack_pth")
+    # unset: nothing imported; set to an off value: only the line's own small module
+    added = set(sys.modules) - before
+    assert added == (set() if value is None else {"_monstack_boot"}) and not hasattr(sys, "_monstack_pth")
 
 
 def test_pth_line_boots_once(run_pth):
@@ -193,7 +196,8 @@ def venv(tmp_path_factory):
     root = tmp_path_factory.mktemp("pth")
     src = root / "src"
     src.mkdir()
-    for name in ("pyproject.toml", "README.md", "MANIFEST.in", "_monstack_build.py", "monstack-startup.pth"):
+    for name in ("pyproject.toml", "README.md", "MANIFEST.in", "_monstack_build.py", "monstack-startup.pth",
+                 "_monstack_pytest.py", "_monstack_boot.py"):
         if (REPO / name).exists():
             shutil.copy2(REPO / name, src / name)
     shutil.copytree(REPO / "monstack", src / "monstack", ignore=shutil.ignore_patterns("__pycache__", "*.so"))
@@ -340,6 +344,45 @@ def test_start_up_imports_none_of_the_heavy_modules():
     assert backend == expected_backend()
     assert sorted(added & set(NOT_AT_START_UP)) == []
     assert not [m for m in added if m.startswith(("asyncio.", "logging.", "json.", "re.", "concurrent", "multiprocessing"))]
+    # nor monstack's own modules that tracking does not need yet: the origin machinery loads
+    # with the first propagation point patched, the dump signal's with MONSTACK_DUMP_SIGNAL
+    assert sorted(added & set(NOT_MONSTACK_AT_START_UP)) == []
+
+
+#: monstack's modules that MONSTACK=1 start-up leaves for later (first use).
+NOT_MONSTACK_AT_START_UP = ("monstack._origin", "monstack._format", "monstack._colorize", "monstack._threads",
+                            "monstack._greenlet", "monstack._dump", "monstack._dumpsig")
+
+
+def test_the_dump_signal_loads_its_module_at_start_up_only_when_set():
+    added, _backend = _added_by_boot(MONSTACK_DUMP_SIGNAL="USR1")
+    assert "monstack._dumpsig" in added
+
+
+START_NEW_THREAD_FIRST = """\
+import _thread, sys
+import monstack
+assert "monstack._origin" not in sys.modules  # loads on the first start_new_thread call
+done = _thread.allocate_lock(); done.acquire()
+seen = []
+def raw():
+    try:
+        seen.append(monstack.current_origin())
+    finally:
+        done.release()
+_thread.start_new_thread(raw, ())  # the origin
+done.acquire()
+print(seen[0] is not None and any(f.line == "_thread.start_new_thread(raw, ())  # the origin" for f in seen[0].frames))
+"""
+
+
+def test_start_new_thread_gets_its_origin_when_it_is_the_first_point_used(tmp_path):
+    program = tmp_path / "prog.py"  # (a file: -c's source is in linecache on 3.13+ only)
+    program.write_text(START_NEW_THREAD_FIRST)
+    out = subprocess.run([sys.executable, str(program)], env=clean_env(MONSTACK="1"),
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stderr == "", out.stderr
+    assert out.stdout.split() == ["True"]
 
 
 @pytest.mark.parametrize("env", [{"MONSTACK_BACKEND": "walk"}, {"MONSTACK_ACCELERATOR": "0"}])
