@@ -207,7 +207,7 @@ def _task_origin(task: Any) -> Any:
         return None
     for entry in list(callbacks):
         cb = entry[0] if isinstance(entry, tuple) else entry
-        if type(cb).__name__ == "_TaskDone" and type(cb).__module__ == "monstack._propagate":
+        if type(cb).__name__ == "_TaskDone" and type(cb).__module__ == "monstack._points":
             return getattr(cb, "_snap", None)
     return None
 

@@ -26,7 +26,7 @@ import pytest
 import stackcheck
 
 import monstack
-from monstack import _origin, _propagate, _snapshot
+from monstack import _origin, _points, _propagate, _snapshot
 
 # The public names (monstack/__init__.py exports them; fall back while it is being wired).
 origin_of = getattr(monstack, "origin_of", _origin.origin_of)
@@ -420,11 +420,11 @@ def test_failed_process_start_leaves_the_process_as_it_was(installed):
 
 def test_processes_without_work_of_their_own_are_left_alone(installed):
     proc = multiprocessing.get_context("spawn").Process(target=None)
-    assert _propagate._bind_process_run(proc) is None
+    assert _points._bind_process_run(proc) is None
     proc._target = "data, not a callable"
-    assert _propagate._bind_process_run(proc) is None
+    assert _points._bind_process_run(proc) is None
     proc = multiprocessing.get_context("spawn").Process(target=monstack.wrap(operator.truediv))
-    assert _propagate._bind_process_run(proc) is None  # carries its own origin
+    assert _points._bind_process_run(proc) is None  # carries its own origin
     assert "run" not in vars(proc)
 
 
@@ -441,10 +441,10 @@ def test_pool_and_manager_processes_are_left_alone(installed):
 
     for target in (cfp._process_worker, mpool.worker):
         proc = multiprocessing.get_context("spawn").Process(target=target)
-        assert _propagate._bind_process_run(proc) is None
+        assert _points._bind_process_run(proc) is None
         assert proc._target is target and "run" not in vars(proc)
     proc = multiprocessing.get_context("spawn").Process(target=operator.truediv)
-    assert isinstance(_propagate._bind_process_run(proc), _origin._RunOf)
+    assert isinstance(_points._bind_process_run(proc), _origin._RunOf)
     assert proc._target is operator.truediv  # the target itself is never replaced
 
 
