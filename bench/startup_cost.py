@@ -26,7 +26,7 @@ them), a fresh venv gets monstack from a wheel built once from a copy of this ch
     python3 bench/startup_cost.py [--rounds 15] [--valgrind] [--json] [PYTHON ...]
 
 Needs network or a local index for nothing: the wheel is built with the running
-interpreter's pip (``--no-build-isolation`` when setuptools is importable here).
+interpreter's pip (``--no-build-isolation`` when setuptools 70.1+ is importable here).
 """
 
 from __future__ import annotations
@@ -85,12 +85,13 @@ def build_wheel(work: str) -> str:
     shutil.copytree(REPO, src, ignore=shutil.ignore_patterns(
         ".git", ".venvs", "__pycache__", "*.egg-info", "build", "dist", ".pytest_cache", ".hypothesis", "*.so"))
     dist = os.path.join(work, "dist")
-    try:
-        import setuptools  # noqa: F401
+    try:  # building here needs a setuptools with bdist_wheel built in (70.1+)
+        import setuptools
 
-        isolation = ["--no-build-isolation"]
-    except ImportError:
-        isolation = []
+        recent = tuple(int(p) for p in setuptools.__version__.split(".")[:2]) >= (70, 1)
+    except (ImportError, ValueError):
+        recent = False
+    isolation = ["--no-build-isolation"] if recent else []
     run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", *isolation, "-w", dist, src], env=clean_env())
     [wheel] = glob.glob(os.path.join(dist, "monstack-*.whl"))
     return wheel
