@@ -30,7 +30,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Dict, Optional, Tuple
 
-# -- the simple types (ctypes' definitions; the sizes are LP64's or LLP64's: see below) --
+# -- the simple types (ctypes' definitions; those it picks by size below) -----------------
 
 class py_object(_SimpleCData):
     _type_ = "O"
@@ -46,14 +46,6 @@ class c_ulong(_SimpleCData):
 
 class c_int(_SimpleCData):
     _type_ = "i"
-
-
-class c_longlong(_SimpleCData):
-    _type_ = "q"
-
-
-class c_ulonglong(_SimpleCData):
-    _type_ = "Q"
 
 
 class c_ubyte(_SimpleCData):
@@ -72,11 +64,23 @@ class c_void_p(_SimpleCData):
     _type_ = "P"
 
 
-# ctypes picks these by size; monstack runs on 64-bit platforms only (LP64: long is 64
-# bits; LLP64, Windows: long long is), where these are its choices.
+# ctypes picks these by size. Each type costs ~0.2M instructions to create (3.13), so,
+# as ctypes does, long long is long where both are 64 bits (LP64: 64-bit Linux, macOS).
+if sizeof(c_long) == 8:
+    c_longlong: Any = c_long
+    c_ulonglong: Any = c_ulong
+else:  # pragma: no cover (LLP64: Windows)
+
+    class c_longlong(_SimpleCData):  # type: ignore[no-redef]
+        _type_ = "q"
+
+    class c_ulonglong(_SimpleCData):  # type: ignore[no-redef]
+        _type_ = "Q"
+
+
 c_uint8 = c_ubyte
-c_int64: Any = c_long if sizeof(c_long) == 8 else c_longlong
-c_uint64: Any = c_ulong if sizeof(c_ulong) == 8 else c_ulonglong
+c_int64 = c_longlong
+c_uint64 = c_ulonglong
 c_size_t: Any = c_ulong if sizeof(c_ulong) == sizeof(c_void_p) else c_ulonglong
 c_ssize_t: Any = c_long if sizeof(c_long) == sizeof(c_void_p) else c_longlong
 
@@ -142,11 +146,15 @@ else:
 #: ``memmove(dst, src, n)``: ``void *memmove(void *, const void *, size_t)``.
 memmove = CFUNCTYPE(c_void_p, c_void_p, c_void_p, c_size_t)(_memmove_addr)
 
-_cast = PYFUNCTYPE(py_object, c_void_p, py_object, py_object)(_cast_addr)
+_cast: Any = None
 
 
 def cast(obj: Any, typ: Any) -> Any:
-    """``ctypes.cast``: ``obj`` (an address or a ctypes instance) as a ``typ``."""
+    """``ctypes.cast``: ``obj`` (an address or a ctypes instance) as a ``typ``. (Its C
+    helper's function object is made at the first call: the 3.12+ loader never casts.)"""
+    global _cast
+    if _cast is None:
+        _cast = PYFUNCTYPE(py_object, c_void_p, py_object, py_object)(_cast_addr)
     return _cast(obj, obj, typ)
 
 
