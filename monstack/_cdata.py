@@ -110,13 +110,20 @@ def CFUNCTYPE(restype: Any, *argtypes: Any, use_errno: bool = False) -> Any:
 
 def PYFUNCTYPE(restype: Any, *argtypes: Any) -> Any:
     """``ctypes.PYFUNCTYPE``: a prototype for a C-API function (GIL held, Python errors
-    checked). Not cached, as in ctypes."""
+    checked). Cached per signature like ``CFUNCTYPE``'s (ctypes makes a new class each
+    time: ~0.17M instructions on 3.13, and the loader's checks repeat signatures)."""
+    flags = FUNCFLAG_CDECL | FUNCFLAG_PYTHONAPI
+    try:
+        return _c_functype_cache[(restype, argtypes, flags)]
+    except KeyError:
+        pass
 
     class CFunctionType(CFuncPtr):
         _argtypes_ = argtypes
         _restype_ = restype
-        _flags_ = FUNCFLAG_CDECL | FUNCFLAG_PYTHONAPI
+        _flags_ = flags
 
+    _c_functype_cache[(restype, argtypes, flags)] = CFunctionType
     return CFunctionType
 
 

@@ -61,6 +61,7 @@ def test_prototypes_are_cached_per_signature_as_ctypes_caches_them():
     assert a._flags_ == ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)._flags_
     assert C.CFUNCTYPE(C.c_int, use_errno=True)._flags_ == ctypes.CFUNCTYPE(ctypes.c_int, use_errno=True)._flags_
     assert C.PYFUNCTYPE(C.py_object)._flags_ == ctypes.PYFUNCTYPE(ctypes.py_object)._flags_
+    assert C.PYFUNCTYPE(C.c_int, C.c_void_p) is C.PYFUNCTYPE(C.c_int, C.c_void_p) is not a
     assert a._argtypes_ == (C.c_void_p,) and a._restype_ is C.c_int
 
 
