@@ -170,7 +170,7 @@ _string_at = PYFUNCTYPE(py_object, c_void_p, c_int)(_string_at_addr)
 
 def string_at(ptr: int, size: int = -1) -> bytes:
     """``ctypes.string_at``: ``size`` bytes at ``ptr`` (-1: up to its NUL)."""
-    return _string_at(ptr, size)  # type: ignore[no-any-return]
+    return _string_at(ptr, size)
 
 
 def create_string_buffer(init: bytes | int) -> Any:

@@ -129,7 +129,7 @@ class Blob:
         C.c_int64.from_address(self._data_at(offset)).value = value
 
     def get_i64(self, offset: int) -> int:
-        return C.c_int64.from_address(self._data_at(offset)).value  # type: ignore[no-any-return]
+        return C.c_int64.from_address(self._data_at(offset)).value
 
     def _data_at(self, offset: int) -> int:
         data = self.info.get("data")
