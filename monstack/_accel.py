@@ -11,9 +11,9 @@ pure-Python callback unless asked otherwise, so its delegating-generator repair 
 are the Python ones by construction.
 
 Loading checks, once per process, every layout the code relies on against the running
-interpreter (struct offsets it was compiled with, observed through ctypes and through a
-native probe compared with ``sys._getframe``) and refuses, with a reason, on any
-difference:
+interpreter (struct offsets it was compiled with, observed through ctypes' types from
+``_cdata`` and through a native probe compared with ``sys._getframe``) and refuses,
+with a reason, on any difference:
 
     why = unavailable()                # None: they can run here; else the reason
     callbacks(policy, tls, on_error)   # {event: callable}, like _sysmon._callbacks
@@ -22,17 +22,14 @@ difference:
 from __future__ import annotations
 
 import _thread
-import struct
 import sys
-import types
 
-from . import _env, _native, _stack  # _native first: it imports ctypes (see there)
-
-import ctypes  # noqa: I001 (after _native)
+from . import _cdata as C
+from . import _env, _native, _stack
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Callable, Dict, Optional
+    from typing import Any, Callable, Dict, List, Optional
 
 MAGIC = 0x6D6F6E73796D6F6E  # "monsymon", struct ms_api in native/sysmon.c
 STATE_NAME = b"monstack.sysmon_native.state"
@@ -149,10 +146,10 @@ def _verify_direct_calls(blob: _native.Blob) -> None:
     lay = _layout(blob)
     off_self, off_vc = lay["cfunc_m_self"], lay["cfunc_vectorcall"]
     builtin = type(len)
-    word = ctypes.c_void_p.from_address
+    word = C.c_void_p.from_address
     checks = (
         (bool(builtin.__flags__ & lay["TPFLAGS_HAVE_VECTORCALL"]), "builtin functions are not vectorcall"),
-        (ctypes.c_ssize_t.from_address(id(builtin) + lay["tp_vectorcall_offset"]).value == off_vc,
+        (C.c_ssize_t.from_address(id(builtin) + lay["tp_vectorcall_offset"]).value == off_vc,
          "PyCFunctionObject.vectorcall is not the type's vectorcall slot"),
         (word(id(len) + off_self).value == id(builtins), "PyCFunctionObject.m_self"),
     )
@@ -179,7 +176,7 @@ def _direct(fn: Any, blob: _native.Blob, symbol: str) -> Any:
     """``fn`` (a callback made from the blob) with the vectorcall entry ``symbol``
     written into it, when ``_verify_direct_calls`` allowed that."""
     if _vectorcall_field is not None:
-        ctypes.c_void_p.from_address(id(fn) + _vectorcall_field).value = blob.addr(symbol)
+        C.c_void_p.from_address(id(fn) + _vectorcall_field).value = blob.addr(symbol)
     return fn
 
 
@@ -187,7 +184,7 @@ def _verify_table(blob: _native.Blob) -> None:
     """The blob's own table header (magic, slot count, slot names) describes the slots
     the loader filled from the manifest."""
     at = blob.symbols["ms_table"]
-    magic, nslots = struct.unpack("<QQ", blob.read("ms_table", 16))
+    magic, nslots = _u64s(blob.read("ms_table", 16))
     if magic != MAGIC:
         raise _native.NativeUnavailable(f"{blob.name}: table magic {magic:#x}, expected {MAGIC:#x}")
     names = blob.cstrings("ms_table_names")
@@ -196,14 +193,19 @@ def _verify_table(blob: _native.Blob) -> None:
         raise _native.NativeUnavailable(f"{blob.name}: the manifest's table differs from the blob's")
 
 
+def _u64s(raw: bytes) -> List[int]:
+    """``raw`` as little-endian uint64s (``struct.unpack("<...Q")``, without ``struct``)."""
+    return [int.from_bytes(raw[i:i + 8], "little") for i in range(0, len(raw), 8)]
+
+
 def _layout(blob: _native.Blob) -> Dict[str, int]:
     names = blob.cstrings("ms_layout_names")
     raw = blob.read("ms_layout", 8 * len(names))
-    return dict(zip(names, struct.unpack(f"<{len(names)}Q", raw)))
+    return dict(zip(names, _u64s(raw)))
 
 
 def _verify_layout(blob: _native.Blob) -> None:
-    """Compare the offsets the code was compiled with against what ctypes observes."""
+    """Compare the offsets the code was compiled with against what ctypes reads."""
     lay = _layout(blob)
 
     def need(cond: bool, what: str) -> None:
@@ -215,26 +217,25 @@ def _verify_layout(blob: _native.Blob) -> None:
     need(lay["sizeof_PyObject"] == object.__basicsize__, "sizeof(PyObject)")
     need(lay["tuple_ob_item"] == tuple.__basicsize__, "PyTupleObject.ob_item")
     t = (object(), 1)
-    need(ctypes.c_void_p.from_address(id(t) + lay["tuple_ob_item"]).value == id(t[0]), "tuple items")
-    need(ctypes.c_ssize_t.from_address(id(t) + lay["var_ob_size"]).value == 2, "PyVarObject.ob_size")
+    need(C.c_void_p.from_address(id(t) + lay["tuple_ob_item"]).value == id(t[0]), "tuple items")
+    need(C.c_ssize_t.from_address(id(t) + lay["var_ob_size"]).value == 2, "PyVarObject.ob_size")
     lst = [t]
-    items = ctypes.c_void_p.from_address(id(lst) + lay["list_ob_item"]).value
-    need(items is not None and ctypes.c_void_p.from_address(items).value == id(t), "PyListObject.ob_item")
-    need(ctypes.c_ssize_t.from_address(id(lst) + lay["var_ob_size"]).value == 1, "list size")
+    items = C.c_void_p.from_address(id(lst) + lay["list_ob_item"]).value
+    need(items is not None and C.c_void_p.from_address(items).value == id(t), "PyListObject.ob_item")
+    need(C.c_ssize_t.from_address(id(lst) + lay["var_ob_size"]).value == 1, "list size")
     code = _verify_layout.__code__
-    need(ctypes.c_void_p.from_address(id(code) + lay["co_filename"]).value == id(code.co_filename),
+    need(C.c_void_p.from_address(id(code) + lay["co_filename"]).value == id(code.co_filename),
          "PyCodeObject.co_filename")
-    M = _native.PyMethodDef
-    need(lay["sizeof_PyMethodDef"] == ctypes.sizeof(M), "sizeof(PyMethodDef)")
-    need(lay["ml_meth"] == M.ml_meth.offset and lay["ml_flags"] == M.ml_flags.offset, "PyMethodDef fields")
+    need(lay["sizeof_PyMethodDef"] == _native.SIZEOF_PYMETHODDEF, "sizeof(PyMethodDef)")
+    need(lay["ml_meth"] == _native.ML_METH and lay["ml_flags"] == _native.ML_FLAGS, "PyMethodDef fields")
     # The state capsule's pointer is read right after the object header.
     fn = _native.api_function
-    new = fn("PyCapsule_New", ctypes.py_object, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p)
-    get = fn("PyCapsule_GetPointer", ctypes.c_void_p, ctypes.py_object, ctypes.c_char_p)
-    marker = ctypes.c_int(7)
-    cap = new(ctypes.addressof(marker), STATE_NAME, None)
-    need(get(cap, STATE_NAME) == ctypes.addressof(marker), "PyCapsule_GetPointer")
-    need(ctypes.c_void_p.from_address(id(cap) + lay["sizeof_PyObject"]).value == ctypes.addressof(marker),
+    new = fn("PyCapsule_New", C.py_object, C.c_void_p, C.c_char_p, C.c_void_p)
+    get = fn("PyCapsule_GetPointer", C.c_void_p, C.py_object, C.c_char_p)
+    marker = C.c_int(7)
+    cap = new(C.addressof(marker), STATE_NAME, None)
+    need(get(cap, STATE_NAME) == C.addressof(marker), "PyCapsule_GetPointer")
+    need(C.c_void_p.from_address(id(cap) + lay["sizeof_PyObject"]).value == C.addressof(marker),
          "PyCapsule pointer field")
     del cap
     # the opcodes ms_linked_suspended compares: YIELD_VALUE and RESUME seen in compiled
@@ -269,23 +270,23 @@ def _verify_type_fields(lay: Dict[str, int], need: Callable[[bool, str], None]) 
     class WithDict:
         pass
 
-    def word(obj: Any, key: str, kind: Any = ctypes.c_ssize_t) -> Any:
+    def word(obj: Any, key: str, kind: Any = C.c_ssize_t) -> Any:
         return kind.from_address(id(obj) + lay[key]).value
 
     need(word(tuple, "tp_basicsize") == tuple.__basicsize__, "PyTypeObject.tp_basicsize")
     need(word(tuple, "tp_itemsize") == tuple.__itemsize__, "PyTypeObject.tp_itemsize")
-    need(word(Sub, "tp_flags", ctypes.c_ulong) == Sub.__flags__, "PyTypeObject.tp_flags")
-    need(word(Sub, "tp_base", ctypes.c_void_p) == id(tuple), "PyTypeObject.tp_base")
+    need(word(Sub, "tp_flags", C.c_ulong) == Sub.__flags__, "PyTypeObject.tp_flags")
+    need(word(Sub, "tp_base", C.c_void_p) == id(tuple), "PyTypeObject.tp_base")
     need(word(WithDict, "tp_dictoffset") == WithDict.__dictoffset__, "PyTypeObject.tp_dictoffset")
     need(word(WithDict, "tp_weaklistoffset") == WithDict.__weakrefoffset__, "PyTypeObject.tp_weaklistoffset")
-    alloc = ctypes.cast(ctypes.pythonapi.PyType_GenericAlloc, ctypes.c_void_p).value
-    need(word(Sub, "tp_alloc", ctypes.c_void_p) == alloc, "PyTypeObject.tp_alloc")
+    alloc = _native.resolve("f:PyType_GenericAlloc")
+    need(word(Sub, "tp_alloc", C.c_void_p) == alloc, "PyTypeObject.tp_alloc")
     need(lay["TPFLAGS_HAVE_GC"] == 1 << 14 and bool(tuple.__flags__ & lay["TPFLAGS_HAVE_GC"]), "Py_TPFLAGS_HAVE_GC")
     # snapshot_setup adopts the Snapshot class's tp_dealloc (ms_snap_dealloc) only while
     # its tp_free is CPython's PyObject_GC_Del, and frees natively allocated instances
     # past a PyGC_Head of the compiled size (sys.getsizeof counts it).
-    gc_del = ctypes.cast(ctypes.pythonapi.PyObject_GC_Del, ctypes.c_void_p).value
-    need(word(Sub, "tp_free", ctypes.c_void_p) == gc_del, "PyTypeObject.tp_free")
+    gc_del = _native.resolve("f:PyObject_GC_Del")
+    need(word(Sub, "tp_free", C.c_void_p) == gc_del, "PyTypeObject.tp_free")
     probe = Sub((1, 2))
     need(sys.getsizeof(probe) - Sub.__basicsize__ - 2 * Sub.__itemsize__ == lay["sizeof_PyGC_Head"],
          "sizeof(PyGC_Head)")
@@ -299,14 +300,14 @@ def _verify_type_fields(lay: Dict[str, int], need: Callable[[bool, str], None]) 
         def __del__(self) -> None:
             pass
 
-    need(lay["tp_dealloc"] == lay["tp_itemsize"] + ctypes.sizeof(ctypes.c_ssize_t), "PyTypeObject.tp_dealloc")
-    sub_dealloc = word(Sub, "tp_dealloc", ctypes.c_void_p)
-    need(sub_dealloc is not None and sub_dealloc == word(Other, "tp_dealloc", ctypes.c_void_p)
-         and sub_dealloc != word(tuple, "tp_dealloc", ctypes.c_void_p), "PyTypeObject.tp_dealloc")
-    need(word(Sub, "tp_finalize", ctypes.c_void_p) is None and word(Final, "tp_finalize", ctypes.c_void_p) is not None,
+    need(lay["tp_dealloc"] == lay["tp_itemsize"] + C.sizeof(C.c_ssize_t), "PyTypeObject.tp_dealloc")
+    sub_dealloc = word(Sub, "tp_dealloc", C.c_void_p)
+    need(sub_dealloc is not None and sub_dealloc == word(Other, "tp_dealloc", C.c_void_p)
+         and sub_dealloc != word(tuple, "tp_dealloc", C.c_void_p), "PyTypeObject.tp_dealloc")
+    need(word(Sub, "tp_finalize", C.c_void_p) is None and word(Final, "tp_finalize", C.c_void_p) is not None,
          "PyTypeObject.tp_finalize")
     # (tp_del: tp_version_tag and its padding before tp_finalize, in 3.12 to 3.15)
-    need(lay["tp_finalize"] - lay["tp_del"] == 16 and word(Sub, "tp_del", ctypes.c_void_p) is None,
+    need(lay["tp_finalize"] - lay["tp_del"] == 16 and word(Sub, "tp_del", C.c_void_p) is None,
          "PyTypeObject.tp_del")
 
 
@@ -314,18 +315,18 @@ def _verify_code_extra(lay: Dict[str, int], need: Callable[[bool, str], None]) -
     """Request our co_extra index and check the layout the native code reads."""
     global _extra_index
     fn = _native.api_function
-    req = fn("PyUnstable_Eval_RequestCodeExtraIndex", ctypes.c_ssize_t, ctypes.c_void_p)
-    setx = fn("PyUnstable_Code_SetExtra", ctypes.c_int, ctypes.py_object, ctypes.c_ssize_t, ctypes.c_void_p)
+    req = fn("PyUnstable_Eval_RequestCodeExtraIndex", C.c_ssize_t, C.c_void_p)
+    setx = fn("PyUnstable_Code_SetExtra", C.c_int, C.py_object, C.c_ssize_t, C.c_void_p)
     index = req(None)
     if index < 0:
         raise _native.NativeUnavailable("no free co_extra index (PyUnstable_Eval_RequestCodeExtraIndex)")
     code = _verify_code_extra.__code__.replace()  # a fresh code object (not compile(): see above)
     need(setx(code, index, 0x5A5A0) == 0, "PyUnstable_Code_SetExtra failed")
-    extra = ctypes.c_void_p.from_address(id(code) + lay["co_extra"]).value
+    extra = C.c_void_p.from_address(id(code) + lay["co_extra"]).value
     need(extra is not None, "PyCodeObject.co_extra")
     assert extra is not None  # need() raised otherwise
-    need(ctypes.c_ssize_t.from_address(extra).value > index, "co_extra size")
-    need(ctypes.c_void_p.from_address(extra + 8 + 8 * index).value == 0x5A5A0, "co_extra slot")
+    need(C.c_ssize_t.from_address(extra).value > index, "co_extra size")
+    need(C.c_void_p.from_address(extra + 8 + 8 * index).value == 0x5A5A0, "co_extra slot")
     _extra_index = index
 
 
@@ -335,11 +336,11 @@ def _verify_dict_version(lay: Dict[str, int], need: Callable[[bool, str], None])
     local.cell = [None]
     d = local.__dict__
     at = id(d) + lay["ma_version_tag"]
-    seen = [ctypes.c_uint64.from_address(at).value]
+    seen = [C.c_uint64.from_address(at).value]
     for step in (lambda: setattr(local, "other", 1), lambda: setattr(local, "cell", [None]),
                  lambda: delattr(local, "cell"), lambda: setattr(local, "cell", None)):
         step()
-        v = ctypes.c_uint64.from_address(at).value
+        v = C.c_uint64.from_address(at).value
         need(v not in seen, "PyDictObject.ma_version_tag does not change with the dict")
         seen.append(v)
 
@@ -354,16 +355,16 @@ def _verify_dict_entries(lay: Dict[str, int], need: Callable[[bool, str], None])
     cell = local.cell = [None]
     d = local.__dict__
 
-    def word(addr: int, kind: Any = ctypes.c_void_p) -> Any:
+    def word(addr: int, kind: Any = C.c_void_p) -> Any:
         return kind.from_address(addr).value
 
     def entries() -> list:
         keys = word(id(d) + lay["ma_keys"])
         need(keys is not None and word(id(d) + lay["ma_values"]) is None, "PyDictObject.ma_keys/ma_values")
-        need(word(keys + lay["dk_kind"], ctypes.c_uint8) != lay["DICT_KEYS_GENERAL"], "PyDictKeysObject.dk_kind")
-        n = word(keys + lay["dk_nentries"], ctypes.c_ssize_t)
+        need(word(keys + lay["dk_kind"], C.c_uint8) != lay["DICT_KEYS_GENERAL"], "PyDictKeysObject.dk_kind")
+        n = word(keys + lay["dk_nentries"], C.c_ssize_t)
         need(n == len(d), "PyDictKeysObject.dk_nentries")
-        first = keys + lay["dk_indices"] + (1 << word(keys + lay["dk_log2_index_bytes"], ctypes.c_uint8))
+        first = keys + lay["dk_indices"] + (1 << word(keys + lay["dk_log2_index_bytes"], C.c_uint8))
         size = lay["sizeof_PyDictUnicodeEntry"]
         return [(word(first + i * size + lay["me_key"]), word(first + i * size + lay["me_value"])) for i in range(n)]
 
@@ -380,22 +381,20 @@ def _verify_tuple_hash(lay: Dict[str, int], need: Callable[[bool, str], None]) -
     resets it in the node tuples it reuses and the snapshots it allocates."""
     t = tuple([object(), 2])
     at = id(t) + lay["tuple_ob_hash"]
-    need(lay["tuple_ob_hash"] + 8 == lay["tuple_ob_item"] and ctypes.c_ssize_t.from_address(at).value == -1,
+    need(lay["tuple_ob_hash"] + 8 == lay["tuple_ob_item"] and C.c_ssize_t.from_address(at).value == -1,
          "PyTupleObject.ob_hash (not computed)")
     h = hash(t)
-    need(ctypes.c_ssize_t.from_address(at).value == h, "PyTupleObject.ob_hash (computed)")
+    need(C.c_ssize_t.from_address(at).value == h, "PyTupleObject.ob_hash (computed)")
 
 
 def _verify_runtime(probe: Callable) -> None:
     """Run the native probe (it reads the thread state and frames exactly as the
     callbacks do) and compare with what Python reports."""
     fn = _native.api_function
-    api = types.SimpleNamespace(
-        PyThreadState_Get=fn("PyThreadState_Get", ctypes.c_void_p),
-        PyInterpreterState_Get=fn("PyInterpreterState_Get", ctypes.c_void_p),
-        PyThreadState_GetDict=fn("PyThreadState_GetDict", ctypes.c_void_p),
-    )
-    get_id = fn("PyThreadState_GetID", ctypes.c_uint64, ctypes.c_void_p)
+    ts_get = fn("PyThreadState_Get", C.c_void_p)
+    interp_get = fn("PyInterpreterState_Get", C.c_void_p)
+    dict_get = fn("PyThreadState_GetDict", C.c_void_p)
+    get_id = fn("PyThreadState_GetID", C.c_uint64, C.c_void_p)
 
     def need(cond: bool, what: str) -> None:
         if not cond:
@@ -403,10 +402,10 @@ def _verify_runtime(probe: Callable) -> None:
 
     def check_thread(out: list) -> None:
         try:
-            ts = api.PyThreadState_Get()
-            d = api.PyThreadState_GetDict()
+            ts = ts_get()
+            d = dict_get()
             p = probe()
-            out.append((p[7] == ts, p[4] == get_id(ts), p[5] == api.PyInterpreterState_Get(), p[6] == d))
+            out.append((p[7] == ts, p[4] == get_id(ts), p[5] == interp_get(), p[6] == d))
         except Exception as exc:  # pragma: no cover - reported below
             out.append(exc)
 

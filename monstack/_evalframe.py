@@ -22,11 +22,11 @@ Two parts:
 from __future__ import annotations
 
 import _thread
-import ctypes
 import os
 import sys
 from types import CodeType, FrameType
 
+from . import _cdata as C
 from . import _env, _stack
 from . import _native as _loader
 from ._errors import warn
@@ -57,7 +57,7 @@ _api_fn = _loader.api_function
 
 
 def _rd_ptr(addr: int) -> int:
-    return ctypes.c_void_p.from_address(addr).value or 0
+    return C.c_void_p.from_address(addr).value or 0
 
 
 # --------------------------------------------------------------------------------------
@@ -135,12 +135,12 @@ def _probe_with(mem: "_SafeMemory", off: Dict[str, int]) -> List[str]:
         if not ok:
             problems.append(f"{name} (offset {off.get(name)}){': ' + detail if detail else ''}")
 
-    ts_get = _api_fn("PyThreadState_Get", ctypes.c_void_p)
-    interp_get = _api_fn("PyInterpreterState_Get", ctypes.c_void_p)
+    ts_get = _api_fn("PyThreadState_Get", C.c_void_p)
+    interp_get = _api_fn("PyInterpreterState_Get", C.c_void_p)
     # c_void_p, not py_object: ctypes treats a py_object result as a new reference,
     # and this function returns a borrowed one.
-    ts_dict = _api_fn("PyThreadState_GetDict", ctypes.c_void_p)
-    ts_id = _api_fn("PyThreadState_GetID", ctypes.c_uint64, ctypes.c_void_p)
+    ts_dict = _api_fn("PyThreadState_GetDict", C.c_void_p)
+    ts_id = _api_fn("PyThreadState_GetID", C.c_uint64, C.c_void_p)
     ts = ts_get()
     interp = interp_get()
 
@@ -286,7 +286,7 @@ def _probe_with(mem: "_SafeMemory", off: Dict[str, int]) -> List[str]:
 
 
 def _probe_code_extra(off: Dict[str, int], index: int) -> List[str]:
-    set_extra = _api_fn("_PyCode_SetExtra", ctypes.c_int, ctypes.py_object, ctypes.c_ssize_t, ctypes.c_void_p)
+    set_extra = _api_fn("_PyCode_SetExtra", C.c_int, C.py_object, C.c_ssize_t, C.c_void_p)
     code = _probe_code_extra.__code__.replace()
     if set_extra(code, index, 0x5A5A5A5A) != 0:
         return ["_PyCode_SetExtra failed"]
@@ -307,8 +307,8 @@ def _find_tls_key(tls: Any) -> tuple:
     the dummy whose pointer is ``tls.__dict__``.
     """
     ldict = tls.__dict__  # creates this thread's dummy if needed
-    addr = _api_fn("PyThreadState_GetDict", ctypes.c_void_p)()  # borrowed
-    tdict = ctypes.cast(addr, ctypes.py_object).value  # a new, counted reference
+    addr = _api_fn("PyThreadState_GetDict", C.c_void_p)()  # borrowed
+    tdict = C.cast(addr, C.py_object).value  # a new, counted reference
     # dict.copy() runs no Python code while copying; iterating tdict itself could see a
     # _thread._local of this thread dying (GC, weakref callback) and change size.
     for key, value in tdict.copy().items():
@@ -391,7 +391,7 @@ def _load_into(nat: _Native) -> Optional[str]:
     problems = _probe_interp_offsets(off)
     if problems:
         return "interpreter layout differs from the one the shim was built for: " + "; ".join(problems)
-    request = _api_fn("_PyEval_RequestCodeExtraIndex", ctypes.c_ssize_t, ctypes.c_void_p)
+    request = _api_fn("_PyEval_RequestCodeExtraIndex", C.c_ssize_t, C.c_void_p)
     index = request(None)
     if index < 0:
         return "no free co_extra index (another tool took them all)"
@@ -399,7 +399,7 @@ def _load_into(nat: _Native) -> Optional[str]:
     if problems:
         return "interpreter layout differs from the one the shim was built for: " + "; ".join(problems)
     nat.extra_index = index
-    nat.interp = _api_fn("PyInterpreterState_Get", ctypes.c_void_p)()
+    nat.interp = _api_fn("PyInterpreterState_Get", C.c_void_p)()
     try:
         nat.default = _loader.resolve("f:_PyEval_EvalFrameDefault")
     except _loader.NativeUnavailable as exc:
@@ -433,9 +433,9 @@ def _load_into(nat: _Native) -> Optional[str]:
     blob.put_i64(f["margin"], STACK_MARGIN)
     # call-site offsets as ready-made ints (offsets are even: entry i is the int 2*i)
     ints = [2 * i for i in range(LASTI_INTS)]
-    array = (ctypes.c_void_p * LASTI_INTS)(*[id(v) for v in ints])
+    array = (C.c_void_p * LASTI_INTS)(*[id(v) for v in ints])
     nat.keep = (ints, array)
-    blob.put_ptr(f["lasti_ints"], ctypes.addressof(array))
+    blob.put_ptr(f["lasti_ints"], C.addressof(array))
     blob.put_i64(f["n_lasti_ints"], LASTI_INTS)
     nat.blob = blob
     nat.entry = blob.addr("ms_eval_frame")
@@ -443,12 +443,12 @@ def _load_into(nat: _Native) -> Optional[str]:
 
 
 def _current_eval(nat: _Native) -> int:
-    get = _api_fn("_PyInterpreterState_GetEvalFrameFunc", ctypes.c_void_p, ctypes.c_void_p)
+    get = _api_fn("_PyInterpreterState_GetEvalFrameFunc", C.c_void_p, C.c_void_p)
     return get(nat.interp) or 0
 
 
 def _set_eval(nat: _Native, func: int) -> None:
-    set_ = _api_fn("_PyInterpreterState_SetEvalFrameFunc", None, ctypes.c_void_p, ctypes.c_void_p)
+    set_ = _api_fn("_PyInterpreterState_SetEvalFrameFunc", None, C.c_void_p, C.c_void_p)
     set_(nat.interp, func)
 
 
@@ -558,7 +558,7 @@ class EvalFrameBackend:
         self._nat: Optional[_Native] = None
         self._keep: tuple = ()
         self._errors: list = []
-        self._eval_view: Optional[ctypes.c_void_p] = None
+        self._eval_view: Optional[C.c_void_p] = None
         self._replaced_by = 0
         self._warned = False
         #: The native whole-snapshot path (``ms_snapshot_new``, called from inside
@@ -599,7 +599,7 @@ class EvalFrameBackend:
         _register_atexit()
         _set_eval(nat, nat.entry)
         off = nat.arch["interp_offsets"]["interp_eval_frame"]
-        view = ctypes.c_void_p.from_address(nat.interp + off)
+        view = C.c_void_p.from_address(nat.interp + off)
         if view.value != nat.entry or _current_eval(nat) != nat.entry:
             self._disable(nat)
             _set_eval(nat, nat.default)

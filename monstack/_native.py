@@ -18,8 +18,10 @@ unmapped: a thread may still be running the code after whatever used it is gone.
 Functions in the blob become Python callables through a ``PyMethodDef`` kept alive for
 the life of the process and ``PyCFunction_NewEx``.
 
-Only ``ctypes`` is needed: no compiler on the user's machine. Users (``_accel``,
-``_evalframe``) turn ``NativeUnavailable`` into their "why not" string.
+Only ``_ctypes`` is needed, through ``_cdata`` (the part of ``ctypes`` used here,
+without importing ``ctypes``: start-up cost): no compiler on the user's machine.
+Users (``_accel``, ``_evalframe``) turn ``NativeUnavailable`` into their "why not"
+string.
 """
 
 from __future__ import annotations
@@ -28,39 +30,13 @@ import _thread
 import os
 import sys
 
+from . import _cdata as C
 from . import _env
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Callable, Dict, List, Optional, Tuple
 
-
-class _SysconfigOnDemand(type(sys)):  # type: ignore[misc]
-    """Stands in for ``sysconfig`` while ``ctypes`` is imported (3.14, whose ctypes
-    imports sysconfig for Cygwin alone, and sysconfig imports threading: a program that
-    checks threading is not imported yet would see it). Any use of it imports the real
-    module and answers from there."""
-
-    def __getattr__(self, name: str) -> Any:
-        if sys.modules.get("sysconfig") is self:
-            del sys.modules["sysconfig"]
-        return getattr(__import__("sysconfig"), name)
-
-
-def _import_ctypes() -> None:
-    if not _env.CTYPES_IMPORTS_SYSCONFIG or "ctypes" in sys.modules or "sysconfig" in sys.modules:
-        return
-    stand_in = _SysconfigOnDemand("sysconfig")
-    sys.modules["sysconfig"] = stand_in
-    try:
-        import ctypes  # noqa: F401 (ctypes keeps the stand-in as its ``_sysconfig``)
-    finally:
-        if sys.modules.get("sysconfig") is stand_in:
-            del sys.modules["sysconfig"]
-
-
-_import_ctypes()
-import ctypes  # noqa: E402 (after _import_ctypes)
 
 NATIVE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_native")
 #: The manifest format this loader reads (``native/build.py`` writes it).
@@ -90,13 +66,16 @@ def machine() -> str:
     return _env.MACHINE
 
 
-class PyMethodDef(ctypes.Structure):
-    _fields_ = [
-        ("ml_name", ctypes.c_char_p),
-        ("ml_meth", ctypes.c_void_p),
-        ("ml_flags", ctypes.c_int),
-        ("ml_doc", ctypes.c_char_p),
-    ]
+#: ``struct PyMethodDef {const char *ml_name; PyCFunction ml_meth; int ml_flags; const
+#: char *ml_doc;}`` as C lays it out: each field at its size's alignment, the whole
+#: padded to a pointer's (laid out here: a ``Structure`` with ``_fields_`` imports
+#: ``ctypes`` on 3.14+, see ``_cdata``; tests compare with one).
+_PTR = C.sizeof(C.c_void_p)
+ML_NAME = 0
+ML_METH = _PTR
+ML_FLAGS = 2 * _PTR
+ML_DOC = -(-(ML_FLAGS + C.sizeof(C.c_int)) // _PTR) * _PTR
+SIZEOF_PYMETHODDEF = ML_DOC + _PTR
 
 
 #: Everything that must live as long as the process: mappings, method defs, names.
@@ -129,14 +108,14 @@ class Blob:
             raise NativeUnavailable(f"{self.name}: no symbol {symbol!r} in the blob") from None
 
     def read(self, symbol: str, size: int, offset: int = 0) -> bytes:
-        return ctypes.string_at(self.addr(symbol) + offset, size)
+        return C.string_at(self.addr(symbol) + offset, size)
 
     def cstrings(self, symbol: str) -> List[str]:
         """A NUL-separated list of names ending with an empty string (C ``"a\\0b\\0"``)."""
         out: List[str] = []
         at = self.addr(symbol)
         while True:
-            s = ctypes.string_at(at)
+            s = C.string_at(at)
             if not s:
                 return out
             out.append(s.decode("ascii"))
@@ -144,13 +123,13 @@ class Blob:
 
     # the data area (offsets from its start), read-write for the life of the process
     def put_ptr(self, offset: int, value: int) -> None:
-        ctypes.c_void_p.from_address(self._data_at(offset)).value = value
+        C.c_void_p.from_address(self._data_at(offset)).value = value
 
     def put_i64(self, offset: int, value: int) -> None:
-        ctypes.c_int64.from_address(self._data_at(offset)).value = value
+        C.c_int64.from_address(self._data_at(offset)).value = value
 
     def get_i64(self, offset: int) -> int:
-        return ctypes.c_int64.from_address(self._data_at(offset)).value
+        return C.c_int64.from_address(self._data_at(offset)).value
 
     def _data_at(self, offset: int) -> int:
         data = self.info.get("data")
@@ -248,51 +227,31 @@ def read_image(name: str, manifest: Optional[dict] = None) -> Tuple[dict, dict, 
     return manifest, info, image
 
 
-try:
-    from _ctypes import dlsym as _dlsym  # POSIX
-except ImportError:  # pragma: no cover (Windows)
-    _dlsym = None  # type: ignore[assignment]
-
-
 def resolve(entry: str) -> int:
-    """Address for one table slot (``f:``/``o:``/``p:`` + symbol), from the running Python."""
+    """Address for one table slot (``f:``/``o:``/``p:`` + symbol), from the running Python:
+    ``dlsym`` on the interpreter, the lookup ``ctypes.pythonapi.<sym>`` makes."""
     kind, _, sym = entry.partition(":")
-    api = ctypes.pythonapi
-    if _dlsym is not None:  # the same lookup ctypes.pythonapi.<sym> makes, without a function object per symbol
-        try:
-            address = _dlsym(api._handle, sym)
-        except OSError as exc:
-            raise NativeUnavailable(f"the interpreter does not export {sym} ({exc})") from None
-        if kind in ("f", "o"):
-            return address or 0
-        if kind == "p":
-            return ctypes.c_void_p.from_address(address).value or 0 if address else 0
+    if kind not in ("f", "o", "p"):
         raise NativeUnavailable(f"bad table entry {entry!r}")
     try:
-        if kind == "f":
-            return ctypes.cast(getattr(api, sym), ctypes.c_void_p).value or 0
-        if kind == "o":
-            return ctypes.addressof(ctypes.c_char.in_dll(api, sym))
-        if kind == "p":
-            return ctypes.c_void_p.in_dll(api, sym).value or 0
-    except (AttributeError, ValueError) as exc:
+        address = C.dlsym(C.pythonapi._handle, sym)
+    except OSError as exc:
         raise NativeUnavailable(f"the interpreter does not export {sym} ({exc})") from None
-    raise NativeUnavailable(f"bad table entry {entry!r}")
+    if kind == "p":
+        return C.c_void_p.from_address(address).value or 0 if address else 0
+    return address or 0
 
 
-def _libc() -> Any:
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mmap.restype = ctypes.c_void_p
-    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
-    libc.mprotect.restype = ctypes.c_int
-    libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    return libc
+def _libc(name: str, restype: Any, *argtypes: Any) -> Any:
+    """libc's ``name`` as ``ctypes.CDLL(None, use_errno=True).<name>`` with that
+    ``restype`` and ``argtypes`` calls it (the GIL released, errno kept)."""
+    return C.CFUNCTYPE(restype, *argtypes, use_errno=True)((name, C.DLL(None)))
 
 
 def _mprotect_impl(addr: int, size: int, prot: int) -> int:
     """0, or the errno of a refusal."""
-    if _libc().mprotect(addr, size, prot) != 0:
-        return ctypes.get_errno() or 1
+    if _libc("mprotect", C.c_int, C.c_void_p, C.c_size_t, C.c_int)(addr, size, prot) != 0:
+        return C.get_errno() or 1
     return 0
 
 
@@ -324,13 +283,13 @@ def load_copy(name: str, manifest: Optional[dict] = None) -> Blob:
         if data["offset"] % page or data["offset"] < len(image):
             raise NativeUnavailable(f"{name}: data area at {data['offset']:#x} is not page aligned after the code")
         total = -(-(data["offset"] + data["size"]) // page) * page
-    libc = _libc()
-    base = libc.mmap(None, total, _PROT_READ | _PROT_WRITE, _MAP_PRIVATE | _MAP_ANONYMOUS, -1, 0)
-    if base is None or base == ctypes.c_void_p(-1).value:
-        err = ctypes.get_errno()
+    mmap = _libc("mmap", C.c_void_p, C.c_void_p, C.c_size_t, C.c_int, C.c_int, C.c_int, C.c_long)
+    base = mmap(None, total, _PROT_READ | _PROT_WRITE, _MAP_PRIVATE | _MAP_ANONYMOUS, -1, 0)
+    if base is None or base == C.c_void_p(-1).value:
+        err = C.get_errno()
         raise NativeUnavailable(f"cannot map memory for native code ({os.strerror(err)})")
     _FOREVER.append(("mapping", name, base, total))  # never unmapped
-    ctypes.memmove(base, image, len(image))
+    C.memmove(base, image, len(image))
     blob = Blob(name, base, manifest, info, total)
     _fill_table(blob)
     err = _mprotect(base, code_span, _PROT_READ | _PROT_EXEC)
@@ -346,7 +305,7 @@ def _clear_icache(start: int, end: int) -> None:
     ``__clear_cache``; the data and instruction caches are not coherent there)."""
     for lib in ("libgcc_s.so.1", None):
         try:
-            fn = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)(("__clear_cache", ctypes.CDLL(lib)))
+            fn = C.CFUNCTYPE(None, C.c_void_p, C.c_void_p)(("__clear_cache", C.DLL(lib)))
         except (OSError, AttributeError):
             continue
         fn(start, end)
@@ -357,25 +316,25 @@ def _clear_icache(start: int, end: int) -> None:
 def _fill_table(blob: Blob) -> None:
     """Write the address of every slot's symbol at its offset (the pages are still
     writable); a symbol the interpreter does not export refuses the blob."""
-    end = blob.map_size - ctypes.sizeof(ctypes.c_void_p)
+    end = blob.map_size - C.sizeof(C.c_void_p)
     for entry, offset in blob.info["table"].items():
         if not 0 <= offset <= end:
             raise NativeUnavailable(f"{blob.name}: table slot {entry} at {offset} is outside the blob")
         address = resolve(entry)
         if not address:
             raise NativeUnavailable(f"{blob.name}: {entry} resolves to NULL")
-        ctypes.c_void_p.from_address(blob.base + offset).value = address
+        C.c_void_p.from_address(blob.base + offset).value = address
 
 
 def api_function(name: str, restype: Any, *argtypes: Any) -> Any:
     """A private ctypes prototype for a C-API function (GIL held, Python errors
-    checked), so that setting ``restype``/``argtypes`` never changes the shared
-    ``ctypes.pythonapi.<name>`` other code may use. One per signature, made once."""
+    checked), as ``ctypes.PYFUNCTYPE(restype, *argtypes)((name, ctypes.pythonapi))``
+    makes it. One per signature, made once."""
     key = (name, restype, argtypes)
     fn = _API.get(key)
     if fn is None:
         try:
-            fn = _API[key] = ctypes.PYFUNCTYPE(restype, *argtypes)((name, ctypes.pythonapi))
+            fn = _API[key] = C.PYFUNCTYPE(restype, *argtypes)((name, C.pythonapi))
         except AttributeError:
             raise NativeUnavailable(f"the interpreter does not export {name}") from None
     return fn
@@ -392,17 +351,19 @@ def make_function(address: int, name: str, flags: int, self_obj: Any, doc: Optio
     global _PyCFunction_NewEx
     if _PyCFunction_NewEx is None:
         _PyCFunction_NewEx = api_function(
-            "PyCFunction_NewEx", ctypes.py_object, ctypes.c_void_p, ctypes.py_object, ctypes.c_void_p
+            "PyCFunction_NewEx", C.py_object, C.c_void_p, C.py_object, C.c_void_p
         )
-    ml_name = ctypes.create_string_buffer(name.encode("ascii"))
-    ml_doc = ctypes.create_string_buffer(doc.encode("utf-8")) if doc else None
-    mdef = PyMethodDef()
-    mdef.ml_name = ctypes.cast(ml_name, ctypes.c_char_p)
-    mdef.ml_meth = address
-    mdef.ml_flags = flags
-    mdef.ml_doc = ctypes.cast(ml_doc, ctypes.c_char_p) if ml_doc is not None else None
+    ml_name = C.create_string_buffer(name.encode("ascii"))
+    ml_doc = C.create_string_buffer(doc.encode("utf-8")) if doc else None
+    mdef = (C.c_char * SIZEOF_PYMETHODDEF)()  # zeroed: ml_doc stays NULL unless set
+    at = C.addressof(mdef)
+    C.c_void_p.from_address(at + ML_NAME).value = C.addressof(ml_name)
+    C.c_void_p.from_address(at + ML_METH).value = address
+    C.c_int.from_address(at + ML_FLAGS).value = flags
+    if ml_doc is not None:
+        C.c_void_p.from_address(at + ML_DOC).value = C.addressof(ml_doc)
     _FOREVER.append((mdef, ml_name, ml_doc))
-    return _PyCFunction_NewEx(ctypes.addressof(mdef), self_obj, None)
+    return _PyCFunction_NewEx(at, self_obj, None)
 
 
 def cached_function(blob: Blob, symbol: str, name: str, flags: int = METH_FASTCALL, self_obj: Any = None) -> Callable:
@@ -415,7 +376,8 @@ def cached_function(blob: Blob, symbol: str, name: str, flags: int = METH_FASTCA
             fn = make_function(blob.addr(symbol), name, flags, self_obj)
             _DEFS[key] = _FOREVER[-1][0]
             return fn
-    return _PyCFunction_NewEx(ctypes.addressof(mdef), self_obj, None)
+    return _PyCFunction_NewEx(C.addressof(mdef), self_obj, None)
 
 
-_DEFS: Dict[tuple, PyMethodDef] = {}
+#: (blob, symbol, name, flags) -> its method def (a ``c_char`` array, kept forever)
+_DEFS: Dict[tuple, Any] = {}

@@ -17,7 +17,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "monstack"
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("_env", "_settings", "_errors"),  # facts and settings
     ("_policy", "_stack", "_colorize", "_format", "_snapshot"),  # the stack core
-    ("_backend", "_native", "_accel", "_sysmon", "_evalframe", "_walk", "_select"),  # backends
+    ("_backend", "_cdata", "_native", "_accel", "_sysmon", "_evalframe", "_walk", "_select"),  # backends
     ("_capture", "_threads", "_origin", "_greenlet", "_propagate", "_points", "_install", "_dask", "_celery"),  # install, origins, propagation
     ("_startup", "_dump", "_dumpproto", "_dumpsig", "_dumpcli", "_pytest_plugin", "_run", "logging", "_demo", "_bench", "__main__", "__init__", "_boot"),  # faces
 )

@@ -312,28 +312,47 @@ def test_mmap_constants_are_the_mmap_modules():
     assert os.sysconf("SC_PAGE_SIZE") == mmap.PAGESIZE
 
 
-def test_table_slots_resolve_as_ctypes_resolves_them(monkeypatch):
+def test_table_slots_resolve_as_ctypes_resolves_them():
     """resolve() looks symbols up with _ctypes.dlsym; ctypes.pythonapi gives the same."""
     entries = ["f:PyCapsule_New", "o:_Py_NoneStruct", "p:PyExc_TypeError"]
-    fast = [_native.resolve(e) for e in entries]
-    monkeypatch.setattr(_native, "_dlsym", None)
-    assert fast == [_native.resolve(e) for e in entries]
-    assert fast[1] == id(None) and fast[2] == id(TypeError)
+    got = [_native.resolve(e) for e in entries]
+    api = ctypes.pythonapi
+    assert got == [
+        ctypes.cast(api.PyCapsule_New, ctypes.c_void_p).value,
+        ctypes.addressof(ctypes.c_char.in_dll(api, "_Py_NoneStruct")),
+        ctypes.c_void_p.in_dll(api, "PyExc_TypeError").value,
+    ]
+    assert got[1] == id(None) and got[2] == id(TypeError)
+    with pytest.raises(_native.NativeUnavailable, match="does not export monstack_nonesuch"):
+        _native.resolve("f:monstack_nonesuch")
+    with pytest.raises(_native.NativeUnavailable, match="bad table entry"):
+        _native.resolve("x:PyCapsule_New")
 
 
-@pytest.mark.skipif(not _env.CTYPES_IMPORTS_SYSCONFIG, reason="this version's ctypes does not import sysconfig")
-def test_ctypes_is_imported_without_sysconfig_and_its_sysconfig_still_answers():
-    """3.14's ctypes imports sysconfig (which imports threading) at its top, for Cygwin
-    alone: _native imports it with a stand-in that imports the real one when used."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(_native.__file__)))
+def test_the_method_def_layout_is_ctypes_structure_s():
+    """_native lays PyMethodDef out by hand (a ctypes Structure would import ctypes on
+    3.14+): the same offsets and size as the Structure ctypes makes of its fields."""
+
+    class PyMethodDef(ctypes.Structure):
+        _fields_ = [("ml_name", ctypes.c_char_p), ("ml_meth", ctypes.c_void_p),
+                    ("ml_flags", ctypes.c_int), ("ml_doc", ctypes.c_char_p)]
+
+    assert (_native.ML_NAME, _native.ML_METH, _native.ML_FLAGS, _native.ML_DOC, _native.SIZEOF_PYMETHODDEF) == (
+        PyMethodDef.ml_name.offset, PyMethodDef.ml_meth.offset, PyMethodDef.ml_flags.offset,
+        PyMethodDef.ml_doc.offset, ctypes.sizeof(PyMethodDef))
+
+
+@needs_own_blob
+def test_loading_imports_neither_ctypes_nor_sysconfig_nor_threading():
+    """The loader uses _ctypes through monstack._cdata: loading and checking this
+    interpreter's blob (as MONSTACK=1 does at start-up) imports no ctypes (~9.6M
+    instructions on 3.13), and so not 3.14's sysconfig, which imports threading."""
+    check = ("from monstack._evalframe import EvalFrameBackend as B; why = B.unavailable()" if own_blob() == "evalframe311"
+             else "from monstack import _accel; why = _accel.unavailable()")
     code = (
-        "import sys; sys.path.insert(0, %r); from monstack import _native; import ctypes; "
-        "print('sysconfig' in sys.modules, 'threading' in sys.modules); "
-        "print(ctypes._sysconfig.get_config_var('LDLIBRARY')); import sysconfig; "
-        "print(sysconfig.get_config_var('LDLIBRARY'), sys.modules['sysconfig'] is sysconfig)" % root
+        "import sys; sys.path.insert(0, %r); %s; "
+        "print(why, sorted({'ctypes', 'sysconfig', 'threading'} & set(sys.modules)))" % (ROOT, check)
     )
     out = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    lines = out.stdout.splitlines()
-    assert lines[0] == "False False"
-    assert lines[1] == lines[2].split()[0] and lines[2].endswith(" True")
+    assert out.stdout.strip() == "None []"
