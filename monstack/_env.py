@@ -85,10 +85,6 @@ JIT_ENABLED: bool = bool(getattr(getattr(sys, "_jit", None), "is_enabled", lambd
 #: task's custom headers, celery#7523); an older one is reported as failed to patch.
 CELERY_MIN_VERSION: tuple[int, int] = (5, 3)
 
-#: ``ctypes`` imports ``sysconfig`` at its top (3.14 only: for Cygwin; 3.15 imports it
-#: lazily), and ``sysconfig`` imports ``threading``.
-CTYPES_IMPORTS_SYSCONFIG: bool = PYVERSION[:2] == (3, 14)
-
 #: ``traceback.TracebackException.format(colorize=...)`` exists (3.13+).
 COLORIZED_TRACEBACKS: bool = PYVERSION[:2] >= (3, 13)
 

@@ -112,14 +112,14 @@ class Blob:
 
     def cstrings(self, symbol: str) -> List[str]:
         """A NUL-separated list of names ending with an empty string (C ``"a\\0b\\0"``)."""
-        out: List[str] = []
         at = self.addr(symbol)
-        while True:
-            s = C.string_at(at)
-            if not s:
-                return out
-            out.append(s.decode("ascii"))
-            at += len(s) + 1
+        if not self.base <= at < self.base + self.size:
+            raise NativeUnavailable(f"{self.name}: the name list {symbol!r} is outside the code")
+        raw = C.string_at(at, self.base + self.size - at)  # one read, to the code's end
+        end = raw.find(b"\0\0") if not raw.startswith(b"\0") else 0
+        if end < 0:
+            raise NativeUnavailable(f"{self.name}: the name list {symbol!r} has no end")
+        return raw[:end].decode("ascii").split("\0") if end else []
 
     # the data area (offsets from its start), read-write for the life of the process
     def put_ptr(self, offset: int, value: int) -> None:
@@ -353,15 +353,17 @@ def make_function(address: int, name: str, flags: int, self_obj: Any, doc: Optio
         _PyCFunction_NewEx = api_function(
             "PyCFunction_NewEx", C.py_object, C.c_void_p, C.py_object, C.c_void_p
         )
-    ml_name = C.create_string_buffer(name.encode("ascii"))
-    ml_doc = C.create_string_buffer(doc.encode("utf-8")) if doc else None
+    # NUL-terminated bytes objects, kept forever: their buffers never move. (A
+    # create_string_buffer per name made a c_char array type per distinct length.)
+    ml_name = name.encode("ascii") + b"\0"
+    ml_doc = doc.encode("utf-8") + b"\0" if doc else None
     mdef = (C.c_char * SIZEOF_PYMETHODDEF)()  # zeroed: ml_doc stays NULL unless set
     at = C.addressof(mdef)
-    C.c_void_p.from_address(at + ML_NAME).value = C.addressof(ml_name)
+    C.c_char_p.from_address(at + ML_NAME).value = ml_name  # (the address of its buffer)
     C.c_void_p.from_address(at + ML_METH).value = address
     C.c_int.from_address(at + ML_FLAGS).value = flags
     if ml_doc is not None:
-        C.c_void_p.from_address(at + ML_DOC).value = C.addressof(ml_doc)
+        C.c_char_p.from_address(at + ML_DOC).value = ml_doc
     _FOREVER.append((mdef, ml_name, ml_doc))
     return _PyCFunction_NewEx(at, self_obj, None)
 

@@ -317,7 +317,7 @@ class MonitoringBackend:
             return False
         why: Optional[str]
         try:
-            from . import _accel  # imports ctypes: only when it may be used
+            from . import _accel  # imports _ctypes: only when it may be used
         except ImportError as exc:  # 3.12: _ctypes refuses subinterpreters with their own GIL
             why = f"ctypes cannot be imported here ({exc})"
         else:

@@ -31,11 +31,3 @@ def test_tail_call_interp_is_read_when_asked_and_agrees_with_sysconfig():
     assert "TAIL_CALL_INTERP" in vars(_env)  # computed once, then a plain attribute
 
 
-def test_ctypes_imports_sysconfig_only_where_env_says_so():
-    """The fact ``_native`` relies on to keep threading out when it imports ctypes."""
-    import subprocess
-
-    code = "import sys; import ctypes; print('sysconfig' in sys.modules)"
-    out = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
-    assert (out.stdout.strip() == "True") == _env.CTYPES_IMPORTS_SYSCONFIG
