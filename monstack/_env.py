@@ -19,18 +19,60 @@ HAS_SYSMON: bool = hasattr(sys, "monitoring")
 
 def config_var(name: str) -> object:
     """``sysconfig.get_config_var(name)`` for a build-time variable, without importing
-    ``sysconfig`` (which imports ``threading``, ~1-2 ms at start-up): the interpreter's
-    ``_sysconfigdata`` module is what ``sysconfig`` reads those from."""
+    ``sysconfig`` (which imports ``threading``, ~1-2 ms at start-up) or even the
+    interpreter's ``_sysconfigdata`` module it reads them from (~2.5M instructions for
+    one variable): that module's source is a ``pprint``-ed dict, and a variable whose
+    value is an int or a plain string is read from its text. Anything else (no such
+    file, another layout, another kind of value) imports the module as ``sysconfig``
+    would."""
+    module = os.environ.get(
+        "_PYTHON_SYSCONFIGDATA_NAME",
+        f"_sysconfigdata_{getattr(sys, 'abiflags', '')}_{sys.platform}_{getattr(sys.implementation, '_multiarch', '')}",
+    )
+    found = _config_var_from_text(module, name)
+    if found is not _UNREAD:
+        return found
     try:
-        data = __import__(os.environ.get(
-            "_PYTHON_SYSCONFIGDATA_NAME",
-            f"_sysconfigdata_{sys.abiflags}_{sys.platform}_{getattr(sys.implementation, '_multiarch', '')}",
-        ))
-        return data.build_time_vars.get(name)
+        return __import__(module).build_time_vars.get(name)
     except Exception:  # not POSIX, or an unusual layout: ask sysconfig itself
         import sysconfig
 
         return sysconfig.get_config_var(name)
+
+
+_UNREAD = object()
+
+
+def _config_var_from_text(module: str, name: str) -> object:
+    """The value of ``name`` in ``<stdlib>/<module>.py`` read as text, None if that dict
+    does not have it, or ``_UNREAD`` if the text cannot say for sure."""
+    stdlib = getattr(sys, "_stdlib_dir", None)
+    if not stdlib:
+        return _UNREAD
+    try:
+        with open(os.path.join(stdlib, module + ".py"), encoding="utf-8") as f:
+            text = f.read()
+    except (OSError, ValueError):
+        return _UNREAD
+    key = repr(name)
+    if text.count("build_time_vars = {") != 1:
+        return _UNREAD
+    if text.count(key) != 1:  # absent (None), or also elsewhere than as one key
+        return None if key not in text and f'"{name}"' not in text else _UNREAD
+    at = text.index(key)
+    line_start = text.rfind("\n", 0, at) + 1
+    if text[line_start:at].strip() not in ("", "build_time_vars = {") or text[at + len(key):at + len(key) + 2] != ": ":
+        return _UNREAD
+    end = text.find("\n", at)
+    value = text[at + len(key) + 2:end if end >= 0 else len(text)].rstrip()
+    if not value.endswith((",", "}")):  # continued on the next line
+        return _UNREAD
+    value = value[:-1]
+    if value.lstrip("-").isdigit():
+        return int(value)
+    if len(value) >= 2 and value[0] == value[-1] == "'" and not set("\\'") & set(value[1:-1]):
+        return value[1:-1]
+    return _UNREAD
 
 
 def _machine() -> str:
@@ -93,14 +135,26 @@ COLORIZED_TRACEBACKS: bool = PYVERSION[:2] >= (3, 13)
 #: suspended at; 3.13+: the RESUME after it, with oparg 2 (after yield from) or 3 (after
 #: await). A frame that is running sits elsewhere (SEND, a call...).
 RESUME_AFTER_YIELD: bool = PYVERSION[:2] >= (3, 13)
-#: That opcode (YIELD_VALUE or RESUME) per minor version (a test checks them against
-#: ``opcode``, which costs ~1.5 ms to import); looked up for any other version.
-DELEGATION_OP: int = {(3, 11): 86, (3, 12): 150, (3, 13): 149, (3, 14): 128, (3, 15): 128}.get(PYVERSION[:2], -1)
-if DELEGATION_OP < 0:  # pragma: no cover (a version the table does not know)
+#: The opcodes of ``YIELD_VALUE`` and ``RESUME`` per minor version (a test checks them
+#: against ``opcode``, which costs ~1.5 ms to import; the native paths also check them
+#: against code compiled here at load); ``opcode`` is read for any other version.
+OPCODES: dict[str, int]
+_OPCODES = {(3, 11): (86, 151), (3, 12): (150, 151), (3, 13): (118, 149), (3, 14): (120, 128), (3, 15): (119, 128)}
+if PYVERSION[:2] in _OPCODES:
+    OPCODES = dict(zip(("YIELD_VALUE", "RESUME"), _OPCODES[PYVERSION[:2]]))
+else:  # pragma: no cover (a version the table does not know)
     from opcode import opmap as _opmap
 
-    DELEGATION_OP = _opmap["RESUME" if RESUME_AFTER_YIELD else "YIELD_VALUE"]
+    OPCODES = {name: _opmap[name] for name in ("YIELD_VALUE", "RESUME")}
     del _opmap
+#: The opcode a delegating generator frame sits at (see ``RESUME_AFTER_YIELD``).
+DELEGATION_OP: int = OPCODES["RESUME" if RESUME_AFTER_YIELD else "YIELD_VALUE"]
+
+#: Why the ``monitoring`` backend cannot run on this interpreter, or None: decided here so
+#: that choosing a backend on 3.11 does not import that backend's module.
+NO_SYSMON_REASON = None if HAS_SYSMON else (
+    f"sys.monitoring needs CPython 3.12+ (this is {IMPLEMENTATION} {'.'.join(map(str, PYVERSION))})"
+)
 
 
 def sha256_hex(data: bytes) -> str:

@@ -24,7 +24,6 @@ from __future__ import annotations
 import _thread
 import os
 import sys
-from types import CodeType, FrameType
 
 from . import _cdata as C
 from . import _env, _stack
@@ -34,6 +33,7 @@ from ._policy import Policy
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from types import CodeType, FrameType
     from typing import Any, Callable, Dict, List, Optional
 
     from ._backend import Host
@@ -212,10 +212,12 @@ def _probe_with(mem: "_SafeMemory", off: Dict[str, int]) -> List[str]:
 
         return inner_fn
 
-    from opcode import opmap  # (not dis: it imports much more)
-
-    check("op_yield_value", off["op_yield_value"] == opmap["YIELD_VALUE"])
-    resume = opmap["RESUME"]
+    # the opcode numbers from _env's table (not the opcode module: ~2M instructions of
+    # start-up), checked as the pair a yield compiles to: YIELD_VALUE then RESUME
+    yield_value, resume = _env.OPCODES["YIELD_VALUE"], _env.OPCODES["RESUME"]
+    gen_ops = gen.__code__.co_code[::2]
+    check("op_yield_value", off["op_yield_value"] == yield_value
+          and (yield_value, resume) in set(zip(gen_ops, gen_ops[1:])))
     for code in (outer_fn.__code__, outer_fn().__code__, gen.__code__):
         ops = code.co_code[::2]
         expected = ops.index(resume) if resume in ops else -1

@@ -7,6 +7,7 @@ backend says why it cannot run through ``unavailable()`` (see ``_backend.Backend
 
 from __future__ import annotations
 
+from . import _env
 from ._settings import BACKEND_CHOICES, BACKEND_ENV, env_backend
 
 TYPE_CHECKING = False
@@ -45,9 +46,17 @@ def check_choice(requested: Optional[str]) -> str:
     return requested.lower()
 
 
+def _why_not(name: str) -> Optional[str]:
+    """``backend_class(name).unavailable()``, without importing ``monitoring``'s module
+    where ``sys.monitoring`` does not exist (3.11 start-up)."""
+    if name == "monitoring" and _env.NO_SYSMON_REASON:
+        return _env.NO_SYSMON_REASON
+    return backend_class(name).unavailable()
+
+
 def reasons() -> dict[str, Optional[str]]:
     """For each backend: None if it can run here, else why not."""
-    return {name: backend_class(name).unavailable() for name in AUTO_ORDER}
+    return {name: _why_not(name) for name in AUTO_ORDER}
 
 
 def choose(requested: Optional[str]) -> "tuple[type[Backend], str]":
@@ -64,12 +73,11 @@ def choose(requested: Optional[str]) -> "tuple[type[Backend], str]":
         return cls, f"requested ({choice})"
     skipped: list[str] = []
     for name in AUTO_ORDER:
-        cls = backend_class(name)
-        why_not = cls.unavailable()
+        why_not = _why_not(name)
         if why_not is None:
             why = "first available of " + ", ".join(AUTO_ORDER)
             if skipped:
                 why += " (" + "; ".join(skipped) + ")"
-            return cls, why
+            return backend_class(name), why
         skipped.append(f"{name}: {why_not}")
     raise AssertionError("the walk backend is always available")  # pragma: no cover

@@ -283,8 +283,8 @@ class MonitoringBackend:
 
     @staticmethod
     def unavailable() -> Optional[str]:
-        if not _env.HAS_SYSMON:
-            return f"sys.monitoring needs CPython 3.12+ (this is {_env.IMPLEMENTATION} {'.'.join(map(str, _env.PYVERSION))})"
+        if _env.NO_SYSMON_REASON:
+            return _env.NO_SYSMON_REASON
         free = [t for t in TOOL_ORDER if sys.monitoring.get_tool(t) is None]
         if not free:
             return "every sys.monitoring tool id is in use: " + _holders_text()

@@ -7,6 +7,8 @@ import platform
 import sys
 import sysconfig
 
+import pytest
+
 from monstack import _env
 
 
@@ -23,6 +25,27 @@ def test_config_var_is_sysconfigs():
     for name in ("Py_GIL_DISABLED", "Py_DEBUG", "LDLIBRARY", "SOABI", "Py_TAIL_CALL_INTERP",
                  "_Py_TAIL_CALL_INTERP", "Py_ENABLE_SHARED", "WITH_PYMALLOC", "no such variable"):
         assert _env.config_var(name) == sysconfig.get_config_var(name), name
+
+
+def test_config_vars_read_from_the_text_agree_with_the_module():
+    # the build's _sysconfigdata source is read as text (importing it costs ~2.5M
+    # instructions at start-up); a value the text cannot give for sure is _UNREAD, and
+    # config_var imports the module for it
+    module = (f"_sysconfigdata_{getattr(sys, 'abiflags', '')}_{sys.platform}_"
+              f"{getattr(sys.implementation, '_multiarch', '')}")
+    try:
+        data = __import__(module).build_time_vars
+    except ImportError:
+        pytest.skip(f"no {module} here")
+    read = 0
+    for name in [*data, "no such variable"]:
+        got = _env._config_var_from_text(module, name)
+        if got is not _env._UNREAD:
+            assert got == data.get(name), name
+            read += 1
+    assert read > len(data) * 0.9
+    for name in ("Py_GIL_DISABLED", "Py_TAIL_CALL_INTERP", "_Py_TAIL_CALL_INTERP", "no such variable"):
+        assert _env._config_var_from_text(module, name) is not _env._UNREAD, name
 
 
 def test_tail_call_interp_is_read_when_asked_and_agrees_with_sysconfig():

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import inspect
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -22,6 +24,8 @@ def only(monkeypatch):
     """only(*names): make every other backend unavailable (with a reason naming it)."""
 
     def apply(*names):
+        # (on 3.11 _select answers for monitoring without importing it: the class decides here)
+        monkeypatch.setattr(_select._env, "NO_SYSMON_REASON", None)
         for name in _select.AUTO_ORDER:
             if name not in names:
                 why = f"{name} is switched off by the test"
@@ -70,6 +74,18 @@ def test_auto_takes_the_first_available_and_says_what_it_skipped(only, available
     assert cls is _select.backend_class(chosen) and cls.name == chosen
     assert reason == why
     assert _select.choose(None) == (cls, reason)  # nothing in MONSTACK_BACKEND: auto
+
+
+def test_choosing_on_311_does_not_import_the_monitoring_backend():
+    # start-up on 3.11 (no sys.monitoring) never needs _sysmon: ~0.8M instructions
+    code = ("import sys, monstack._select as s; cls, why = s.choose('auto'); "
+            "print(cls.name, 'monstack._sysmon' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    if sys.version_info >= (3, 12):
+        assert out[0] == "monitoring"
+    else:
+        assert out == ["evalframe" if _select.reasons()["evalframe"] is None else "walk", "False"]
+        assert _select.reasons()["monitoring"] == _select.backend_class("monitoring").unavailable()
 
 
 def test_auto_here_matches_the_reasons(monkeypatch):

@@ -14,7 +14,7 @@ import pytest
 from stackcheck import Mismatch, check, real_records, shadow_records
 
 import monstack
-from monstack import _stack
+from monstack import _env, _stack
 
 from conftest import expected_backend as conftest_backend
 
@@ -421,6 +421,7 @@ def test_delegation_opcode_is_the_opcode_modules():
     from opcode import opmap
 
     assert _stack.DELEGATION_OP == opmap["RESUME" if sys.version_info >= (3, 13) else "YIELD_VALUE"]
+    assert _env.OPCODES == {"YIELD_VALUE": opmap["YIELD_VALUE"], "RESUME": opmap["RESUME"]}
 
 
 def test_build_asks_unverified_about_generator_frames_only_and_marks_from_there_up():
