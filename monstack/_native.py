@@ -1,15 +1,27 @@
 """The one loader of monstack's machine code (built by ``native/build.py``).
 
-A blob ``<name>`` is ``monstack/_native/<name>.json`` (its manifest) plus one
-``<name>-<arch>.bin`` per architecture. It names no external symbol: the functions and
-objects of the C API it uses go through an address table the loader fills in. The
-manifest (format 2) says, per architecture: the image's size and sha256, its global
-symbols (name -> offset), the table's slots (``f:<symbol>`` = a function's address,
-``o:<symbol>`` = an object's address, ``p:<symbol>`` = the value of a pointer variable
-such as ``PyExc_TypeError``; each -> its offset from the start of the mapping), an
-optional data area (``{"offset", "size", "align"}``: zeroed pages right after the code,
-read-write for good), the layout the code was compiled with, compiler and flags; and,
-for all, the CPython version of the headers and the sha256 of each C source.
+A blob ``<name>`` is its manifest plus one ``<name>-<arch>.bin`` per architecture. The
+manifest is stored twice: ``monstack/_native/<name>.json`` (canonical, human-readable,
+what reviews and tests read) and ``<name>.manifest``, the same dict as
+``marshal.dumps(manifest, 4)``, which is what this loader reads (``marshal`` is built
+into every interpreter: no import at start-up, unlike ``json``). A blob names no
+external symbol: the functions and objects of the C API it uses go through an address
+table the loader fills in. The manifest (format 3) says, per architecture: the image's
+size, sha256 and checksum, its global symbols (name -> offset), the table's slots
+(``f:<symbol>`` = a function's address, ``o:<symbol>`` = an object's address,
+``p:<symbol>`` = the value of a pointer variable such as ``PyExc_TypeError``; each ->
+its offset from the start of the mapping), an optional data area (``{"offset", "size",
+"align"}``: zeroed pages right after the code, read-write for good), the layout the
+code was compiled with, compiler and flags; and, for all, the CPython version of the
+headers and the sha256 of each C source.
+
+The image is checked at load against its entry's ``size`` and ``checksum``:
+``int.from_bytes(image, "little") % 1073741789``, which needs no import and catches a
+corrupted, truncated or mismatched image (a ``.bin`` from another build than its
+manifest). The ``sha256`` is not checked at load: it stays in the manifest for
+provenance and the tests. A digest at load would add no protection against tampering
+(whoever can write the image can write its manifest; pip checks every installed file's
+hash against ``RECORD``), and it cost ~1.5-1.6M instructions at every start-up.
 
 Loading: map anonymous memory read-write, copy the image, fill the table, then switch
 the code pages to read+execute (never writable and executable at once; a data area
@@ -27,6 +39,7 @@ string.
 from __future__ import annotations
 
 import _thread
+import marshal
 import os
 import sys
 
@@ -39,8 +52,12 @@ if TYPE_CHECKING:
 
 
 NATIVE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_native")
-#: The manifest format this loader reads (``native/build.py`` writes it).
-FORMAT = 2
+#: The manifest format this loader reads (``native/build.py`` writes it). 3: each
+#: architecture's entry has a ``checksum``, and a marshal copy (``<name>.manifest``)
+#: sits beside the JSON.
+FORMAT = 3
+#: ``checksum(image)`` is the image as a little-endian integer modulo this prime.
+CHECKSUM_MODULUS = 1073741789  # the largest prime below 2**30 (one CPython int digit: a fast modulo)
 
 #: PyMethodDef flags.
 METH_VARARGS = 0x0001
@@ -144,18 +161,19 @@ class Blob:
 
 
 def manifest_path(name: str) -> str:
-    return os.path.join(NATIVE_DIR, name + ".json")
+    """The manifest the loader reads: ``<name>.manifest`` (``<name>.json`` in marshal form)."""
+    return os.path.join(NATIVE_DIR, name + ".manifest")
 
 
 def read_manifest(name: str) -> dict:
     """The manifest of blob ``name`` (format checked)."""
     path = manifest_path(name)
     try:
-        with open(path, encoding="utf-8") as f:
-            manifest = parse_json(f.read())
+        with open(path, "rb") as f:
+            manifest = marshal.loads(f.read())
     except FileNotFoundError:
         raise NativeUnavailable(f"no native code for this platform ({name} not shipped)") from None
-    except (OSError, ValueError) as exc:
+    except (OSError, EOFError, ValueError, TypeError) as exc:  # marshal: EOFError/ValueError/TypeError
         raise NativeUnavailable(f"{path}: unreadable manifest ({exc})") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         got = manifest.get("format") if isinstance(manifest, dict) else None
@@ -163,41 +181,9 @@ def read_manifest(name: str) -> dict:
     return manifest
 
 
-class _ScanContext:
-    """What ``_json.make_scanner`` reads from a ``json.JSONDecoder``: the defaults (any
-    hook a later version adds is None, its default, too)."""
-
-    strict = True
-    object_hook = None
-    object_pairs_hook = None
-    parse_float = float
-    parse_int = int
-    parse_constant = None
-
-    def __getattr__(self, name: str) -> None:
-        return None
-
-
-def parse_json(text: str) -> Any:
-    """``json.loads(text)`` through the C scanner ``json`` itself uses, without importing
-    ``json`` (which imports ``re``: ~1.5 ms of start-up for one manifest); ``json``
-    where that scanner is missing or refuses the context."""
-    try:
-        from _json import make_scanner
-
-        scan = make_scanner(_ScanContext())  # type: ignore[arg-type]  # (a decoder's attributes are all it reads)
-    except Exception:  # pragma: no cover (no C accelerator here)
-        import json
-
-        return json.loads(text)
-    start = len(text) - len(text.lstrip(" \t\n\r"))
-    try:
-        value, end = scan(text, start)
-    except StopIteration:
-        raise ValueError("not a JSON document") from None
-    if text[end:].strip(" \t\n\r"):
-        raise ValueError(f"extra data after the JSON document (at {end})")
-    return value
+def checksum(image: bytes) -> int:
+    """The manifest's ``checksum`` of an image (no import needed, unlike a digest)."""
+    return int.from_bytes(image, "little") % CHECKSUM_MODULUS
 
 
 def arch_entry(name: str, manifest: Optional[dict] = None) -> Tuple[dict, dict]:
@@ -213,14 +199,14 @@ def arch_entry(name: str, manifest: Optional[dict] = None) -> Tuple[dict, dict]:
 
 def read_image(name: str, manifest: Optional[dict] = None) -> Tuple[dict, dict, bytes]:
     """(manifest, entry, image bytes) of blob ``name`` for this machine, the bytes
-    checked against the manifest (size and sha256)."""
+    checked against the manifest (checksum and size)."""
     manifest, info = arch_entry(name, manifest)
     try:
         with open(os.path.join(NATIVE_DIR, info["blob"]), "rb") as f:
             image = f.read()
     except OSError as exc:
         raise NativeUnavailable(f"{info['blob']} unreadable ({exc})") from None
-    if _env.sha256_hex(image) != info.get("sha256"):
+    if checksum(image) != info.get("checksum"):
         raise NativeUnavailable(f"{info['blob']} does not match its manifest (checksum)")
     if len(image) != info.get("size"):
         raise NativeUnavailable(f"{info['blob']}: size differs from the manifest's")

@@ -6,16 +6,32 @@
                                             # monstack/_native (exit 1 on any difference)
     python native/build.py --list           # the blobs, their sources, compilers and headers
     python native/build.py --only sysmon313 --arch x86_64   # one blob, one architecture
+    python native/build.py --manifests      # rewrite the manifests from the stored .bin files
+                                            # (derived fields: checksum; no compiler needed)
 
 Each blob is one C file compiled against the CPython headers of one version, for one
 architecture (x86_64 with gcc, aarch64 with Debian's ``aarch64-linux-gnu-gcc``), then
 linked at address 0 by a flat linker script. The output, in ``monstack/_native/``:
 
 - ``<name>-<arch>.bin``: the bytes the loader (``monstack/_native.py``) maps;
-- ``<name>.json``: the manifest of every architecture of that blob (format 2, see
-  native/README.md): sizes, sha256, global symbols, the address-table slots the loader
-  fills, the data area, the layout the code was compiled with, compiler and flags, and
-  the sha256 of every source file.
+- ``<name>.json``: the manifest of every architecture of that blob (format 3, see
+  native/README.md): sizes, sha256, checksum, global symbols, the address-table slots
+  the loader fills, the data area, the layout the code was compiled with, compiler and
+  flags, and the sha256 of every source file. The canonical form: human-readable,
+  reviewed in diffs, read by the tests;
+- ``<name>.manifest``: the same dict as ``marshal.dumps(manifest, 4)`` (marshal format
+  4: every CPython 3.11-3.15 reads it), which is what the loader reads at start-up
+  (``marshal`` is built in; ``json`` or even ``_json`` costs an import).
+
+The ``checksum`` of an image is ``int.from_bytes(image, "little") % 1073741789``: the
+loader checks it and the size, which catches a corrupted, truncated or mismatched
+image without importing anything; the ``sha256`` is kept for provenance and the tests.
+``--manifests`` recomputes the derived fields (the checksum) from the stored ``.bin``
+files, after checking each against its recorded size and sha256, and rewrites both
+forms of each manifest: how a change to the manifest format reaches blobs that cannot
+or need not be rebuilt. ``--check`` also requires each stored ``.manifest`` to hold
+exactly the stored ``.json``'s dict and each stored ``.bin`` to match its size, sha256
+and checksum, whether or not a compiler is here.
 
 The build fails unless the object names no external symbol (every C-API function or
 object is reached through the address table), carries only PC-relative relocations,
@@ -33,6 +49,7 @@ import argparse
 import glob
 import hashlib
 import json
+import marshal
 import os
 import platform
 import re
@@ -47,7 +64,15 @@ from typing import Dict, List, Optional, Tuple
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 OUT_DIR = os.path.join(ROOT, "monstack", "_native")
-FORMAT = 2
+#: 3: each architecture's entry has a ``checksum``; ``<name>.manifest`` (marshal) beside
+#: ``<name>.json``. Must equal ``monstack/_native.py``'s FORMAT.
+FORMAT = 3
+#: The marshal format of ``<name>.manifest``: 4 is read by every CPython 3.11-3.15.
+MARSHAL_VERSION = 4
+#: ``checksum(image)``: the image as a little-endian integer modulo this prime (as
+#: ``monstack/_native.py`` computes it).
+CHECKSUM_MODULUS = 1073741789  # the largest prime below 2**30: one CPython int digit, so
+#: the modulo is one pass over the integer (2**61 - 1 took ~1M instructions for a 22 KB image)
 
 
 @dataclass(frozen=True)
@@ -250,6 +275,11 @@ def source_digests(target: Target) -> Dict[str, str]:
     return out
 
 
+def checksum(image: bytes) -> int:
+    """What the loader checks an image against (with its size): cheap, no import."""
+    return int.from_bytes(image, "little") % CHECKSUM_MODULUS
+
+
 def flags(target: Target, arch: str) -> List[str]:
     return FLAGS[target.kind] + ARCH_FLAGS[(target.kind, arch)]
 
@@ -315,7 +345,7 @@ def link(target: Target, arch: str, obj: str, workdir: str, base: int) -> Tuple[
 
 def cstrings(image: bytes, at: int) -> List[str]:
     """A NUL-separated list of names ending with an empty string (C ``"a\\0b\\0"``)."""
-    out = []
+    out: List[str] = []
     while True:
         end = image.index(b"\0", at)
         if end == at:
@@ -365,6 +395,7 @@ def build_arch(target: Target, arch: str, include: str, outdir: str) -> dict:
         "blob": blob,
         "size": len(image),
         "sha256": hashlib.sha256(image).hexdigest(),
+        "checksum": checksum(image),
         "symbols": exported,
         "data": data,
         "table": table,
@@ -458,10 +489,39 @@ def read_manifest(name: str, directory: str = OUT_DIR) -> Optional[dict]:
         return None
 
 
+def read_marshal_manifest(name: str, directory: str = OUT_DIR) -> Optional[object]:
+    """The stored ``<name>.manifest`` decoded (None if there is none)."""
+    try:
+        with open(os.path.join(directory, name + ".manifest"), "rb") as f:
+            return marshal.loads(f.read())
+    except FileNotFoundError:
+        return None
+
+
+def same_value(a: object, b: object) -> bool:
+    """Exactly the same data: equal, and the same types and key order throughout (``==``
+    alone takes ``True`` for ``1`` and ``1.0`` for ``1``)."""
+    return a == b and repr(a) == repr(b)
+
+
 def write_manifest(manifest: dict, directory: str) -> None:
-    with open(os.path.join(directory, manifest["name"] + ".json"), "w") as f:
-        json.dump(manifest, f, indent=1, sort_keys=True)
-        f.write("\n")
+    """``<name>.json`` and, made from that very text, ``<name>.manifest``. The marshal
+    bytes of equal dicts can differ (marshal writes a back-reference for an object whose
+    reference count is above 1 or that is interned, which depends on the interpreter and
+    on how the dict was made), so a ``.manifest`` that already holds exactly this dict is
+    left as it is, and ``--check`` compares decoded values."""
+    name = manifest["name"]
+    text = json.dumps(manifest, indent=1, sort_keys=True) + "\n"
+    with open(os.path.join(directory, name + ".json"), "w") as f:
+        f.write(text)
+    value = json.loads(text)
+    try:
+        if same_value(read_marshal_manifest(name, directory), value):
+            return
+    except (OSError, EOFError, ValueError, TypeError):
+        pass  # unreadable: rewrite it
+    with open(os.path.join(directory, name + ".manifest"), "wb") as f:
+        f.write(marshal.dumps(value, MARSHAL_VERSION))
 
 
 def target(name: str) -> Target:
@@ -523,7 +583,7 @@ def _check(t: Target, arches: Tuple[str, ...], include: Optional[str], out: str)
     if stored is None:
         print(f"{t.name}: MISSING manifest {os.path.join(out, t.name + '.json')}")
         return 1
-    status = 0
+    status = _check_stored(t, stored, arches, out)
     sources = source_digests(t)
     if stored.get("sources") != sources:
         changed = sorted(k for k in set(sources) | set(stored.get("sources", {}))
@@ -559,10 +619,88 @@ def _check(t: Target, arches: Tuple[str, ...], include: Optional[str], out: str)
     return status
 
 
+def _check_stored(t: Target, stored: dict, arches: Tuple[str, ...], out: str) -> int:
+    """What needs no compiler: the format, the ``.manifest`` holding exactly the
+    ``.json``'s dict, each stored ``.bin`` matching its size, sha256 and checksum."""
+    status = 0
+    if stored.get("format") != FORMAT:
+        print(f"{t.name}: manifest format {stored.get('format')!r}, this build writes {FORMAT}: "
+              f"run python native/build.py --manifests")
+        status = 1
+    try:
+        packed = read_marshal_manifest(t.name, out)
+    except (OSError, EOFError, ValueError, TypeError) as exc:
+        print(f"{t.name}: {t.name}.manifest UNREADABLE ({exc}): run python native/build.py --manifests")
+        status = 1
+    else:
+        if packed is None:
+            print(f"{t.name}: MISSING {t.name}.manifest: run python native/build.py --manifests")
+            status = 1
+        elif not same_value(packed, stored):
+            print(f"{t.name}: {t.name}.manifest DIFFERENT from {t.name}.json: run python native/build.py --manifests")
+            status = 1
+        else:
+            print(f"{t.name}: {t.name}.manifest holds exactly {t.name}.json")
+    for arch in arches:
+        entry = stored.get("arches", {}).get(arch)
+        if entry is None:
+            continue  # reported by the caller
+        why = _stored_image_differs(entry, out)
+        if why:
+            print(f"{t.name}-{arch}: the stored {entry['blob']} does not match its manifest ({why})")
+            status = 1
+    return status
+
+
+def _stored_image_differs(entry: dict, out: str) -> Optional[str]:
+    """None if ``entry``'s stored .bin has its size, sha256 and checksum, else what differs."""
+    try:
+        with open(os.path.join(out, entry["blob"]), "rb") as f:
+            image = f.read()
+    except OSError as exc:
+        return f"unreadable: {exc}"
+    wrong = [k for k, v in (("size", len(image)), ("sha256", hashlib.sha256(image).hexdigest()),
+                            ("checksum", checksum(image))) if entry.get(k) != v]
+    return ", ".join(wrong) or None
+
+
+def _manifests(t: Target, out: str) -> int:
+    """Recompute the derived fields of ``t``'s manifest (the checksum) from its stored
+    .bin files and rewrite ``<name>.json`` and ``<name>.manifest``; refuses a .bin that
+    does not match its recorded size and sha256 (that needs a rebuild, not this)."""
+    stored = read_manifest(t.name, out)
+    if stored is None:
+        print(f"{t.name}: MISSING manifest {os.path.join(out, t.name + '.json')}")
+        return 1
+    if stored.get("format") not in (2, FORMAT):  # 2 -> 3 only added the checksum
+        print(f"{t.name}: manifest format {stored.get('format')!r} cannot be converted: rebuild it")
+        return 1
+    for arch, entry in sorted(stored.get("arches", {}).items()):
+        try:
+            with open(os.path.join(out, entry["blob"]), "rb") as f:
+                image = f.read()
+        except OSError as exc:
+            print(f"{t.name}-{arch}: {entry['blob']} unreadable ({exc})")
+            return 1
+        if len(image) != entry.get("size") or hashlib.sha256(image).hexdigest() != entry.get("sha256"):
+            print(f"{t.name}-{arch}: {entry['blob']} does not match its recorded size and sha256: "
+                  f"not updated (rebuild it)")
+            return 1
+        entry["checksum"] = checksum(image)
+    stored["format"] = FORMAT
+    write_manifest(stored, out)
+    print(f"{t.name}: manifest written ({', '.join(sorted(stored.get('arches', {})))})")
+    return 0
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--check", action="store_true", help="rebuild in a temporary directory and compare with --out")
-    ap.add_argument("--list", action="store_true", help="list the blobs, what they are built from and with")
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--check", action="store_true", help="rebuild in a temporary directory and compare with --out")
+    mode.add_argument("--list", action="store_true", help="list the blobs, what they are built from and with")
+    mode.add_argument("--manifests", action="store_true",
+                    help="recompute derived manifest fields (checksum) from the stored .bin files and rewrite "
+                         "<name>.json and <name>.manifest (no compiler needed)")
     ap.add_argument("--only", action="append", default=None, metavar="NAME", help="only this blob (repeatable)")
     ap.add_argument("--arch", action="append", default=None, choices=ARCHES,
                     help="architectures (repeatable; default: the shipped ones of each blob)")
@@ -578,7 +716,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         for t in TARGETS:
             if args.only and t.name not in args.only:
                 continue
-            include = overrides.get(t.python) or find_include(t.python, t.headers)
+            include = None if args.manifests else overrides.get(t.python) or find_include(t.python, t.headers)
             arches = tuple(args.arch) if args.arch else t.arches
             if args.list:
                 for arch in arches:
@@ -587,6 +725,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                           f"headers {include or '-'}" + (f" (cannot build: {why})" if why else ""))
             elif args.check:
                 status |= _check(t, arches, include, args.out)
+            elif args.manifests:
+                status |= _manifests(t, args.out)
             else:
                 status |= _build(t, arches, include, args.out)
     except BuildError as exc:

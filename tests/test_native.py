@@ -3,7 +3,9 @@
 Every blob (sysmon callbacks for 3.12-3.15, the 3.11 eval_frame shim) has one manifest
 format; the loader maps it read-write, fills its address table, makes the code
 read+execute (never writable and executable at once) and keeps it mapped. The shipped
-bytes must be what ``native/build.py`` makes of the C sources as they are now.
+bytes must be what ``native/build.py`` makes of the C sources as they are now. A
+manifest's canonical form is ``<name>.json``, which these tests read; the loader reads
+``<name>.manifest``, the same dict in marshal form (checked here to be exactly that).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import errno
 import hashlib
 import importlib.util
 import json
+import marshal
 import os
 import shutil
 import subprocess
@@ -27,7 +30,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NATIVE_SRC = os.path.join(ROOT, "native")
 BLOBS = ("sysmon312", "sysmon313", "sysmon314", "sysmon315", "evalframe311")
 TOP_KEYS = {"format", "name", "python", "headers", "sources", "arches"}
-ENTRY_KEYS = {"blob", "size", "sha256", "symbols", "data", "table", "layout", "compiler", "flags"}
+ENTRY_KEYS = {"blob", "size", "sha256", "checksum", "symbols", "data", "table", "layout", "compiler", "flags"}
+
+
+def stored_json(name: str) -> dict:
+    """The canonical form of blob ``name``'s manifest: ``<name>.json``."""
+    with open(os.path.join(_native.NATIVE_DIR, name + ".json"), encoding="utf-8") as f:
+        return json.load(f)
 
 
 def _build_module():
@@ -60,8 +69,8 @@ needs_own_blob = pytest.mark.skipif(own_blob() is None, reason="no shipped nativ
 # --------------------------------------------------------------------------- manifests
 @pytest.mark.parametrize("name", BLOBS)
 def test_manifests_share_one_format(name):
-    m = _native.read_manifest(name)
-    assert set(m) == TOP_KEYS and m["format"] == _native.FORMAT == 2 and m["name"] == name
+    m = stored_json(name)
+    assert set(m) == TOP_KEYS and m["format"] == _native.FORMAT == 3 and m["name"] == name
     assert m["headers"].startswith(m["python"] + ".")
     assert m["arches"] and "x86_64" in m["arches"]
     for arch, info in m["arches"].items():
@@ -80,27 +89,43 @@ def test_manifests_share_one_format(name):
 
 @pytest.mark.parametrize("name", BLOBS)
 def test_shipped_blobs_match_their_manifests(name):
-    m = _native.read_manifest(name)
+    m = stored_json(name)
     for arch, info in m["arches"].items():
         with open(os.path.join(_native.NATIVE_DIR, info["blob"]), "rb") as f:
             data = f.read()
         assert hashlib.sha256(data).hexdigest() == info["sha256"], arch
         assert len(data) == info["size"], arch
+        assert info["checksum"] == int.from_bytes(data, "little") % 1073741789, arch
+        assert _native.checksum(data) == _build_module().checksum(data) == info["checksum"], arch
         assert all(0 <= off < info["size"] for off in info["symbols"].values() if info["data"] is None)
 
 
 def test_every_shipped_file_belongs_to_a_manifest():
-    listed = {n + ".json" for n in BLOBS}
+    listed = {n + ext for n in BLOBS for ext in (".json", ".manifest")}
     for name in BLOBS:
-        listed |= {info["blob"] for info in _native.read_manifest(name)["arches"].values()}
+        listed |= {info["blob"] for info in stored_json(name)["arches"].values()}
     assert set(os.listdir(_native.NATIVE_DIR)) == listed
+
+
+@pytest.mark.parametrize("name", BLOBS)
+def test_the_marshal_manifest_is_exactly_the_json_one(name):
+    """The loader reads ``<name>.manifest``: it must hold exactly the dict of
+    ``<name>.json`` (same keys in the same order, same values of the same types)."""
+    with open(os.path.join(_native.NATIVE_DIR, name + ".manifest"), "rb") as f:
+        packed = marshal.loads(f.read())
+    canonical = stored_json(name)
+    assert packed == canonical and repr(packed) == repr(canonical)
+    loaded = _native.read_manifest(name)
+    assert loaded == canonical and repr(loaded) == repr(canonical)
+    assert _native.manifest_path(name) == os.path.join(_native.NATIVE_DIR, name + ".manifest")
+    assert _build_module().same_value(packed, canonical)
 
 
 @pytest.mark.parametrize("name", BLOBS)
 def test_recorded_source_digests_match_the_sources(name):
     """Each blob was built from the C sources in native/ as they are now (else run
     ``python native/build.py``)."""
-    recorded = _native.read_manifest(name)["sources"]
+    recorded = stored_json(name)["sources"]
     assert recorded, name
     for source, digest in recorded.items():
         with open(os.path.join(NATIVE_SRC, source), "rb") as f:
@@ -111,8 +136,83 @@ def test_recorded_source_digests_match_the_sources(name):
 def test_build_knows_every_shipped_blob():
     build = _build_module()
     assert {t.name for t in build.TARGETS} == set(BLOBS)
+    assert (build.FORMAT, build.CHECKSUM_MODULUS) == (_native.FORMAT, _native.CHECKSUM_MODULUS)
     for t in build.TARGETS:
-        assert set(_native.read_manifest(t.name)["arches"]) == set(t.arches), t.name
+        assert set(stored_json(t.name)["arches"]) == set(t.arches), t.name
+
+
+def _copy_native_dir(tmp_path) -> str:
+    out = tmp_path / "native"
+    shutil.copytree(_native.NATIVE_DIR, out)
+    return str(out)
+
+
+@pytest.mark.parametrize("name", BLOBS)
+def test_build_manifests_mode_recomputes_the_checksum_and_writes_both_forms(name, tmp_path):
+    """``build.py --manifests`` turns a format-2 manifest (no checksum, no .manifest) into
+    what is shipped, from the stored .bin files alone."""
+    out = _copy_native_dir(tmp_path)
+    old = stored_json(name)
+    old["format"] = 2
+    for info in old["arches"].values():
+        del info["checksum"]
+    with open(os.path.join(out, name + ".json"), "w") as f:
+        json.dump(old, f)
+    os.remove(os.path.join(out, name + ".manifest"))
+    run = subprocess.run([sys.executable, os.path.join(NATIVE_SRC, "build.py"), "--manifests", "--only", name,
+                          "--out", out], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout + run.stderr
+    for ext in (".json", ".manifest"):
+        with open(os.path.join(out, name + ext), "rb") as f:
+            got = f.read()
+        with open(os.path.join(_native.NATIVE_DIR, name + ext), "rb") as f:
+            shipped = f.read()
+        if ext == ".json":
+            assert got == shipped
+        else:
+            assert _build_module().same_value(marshal.loads(got), marshal.loads(shipped))
+
+
+def test_build_manifests_mode_refuses_a_bin_that_is_not_the_recorded_one(tmp_path):
+    out = _copy_native_dir(tmp_path)
+    info = stored_json("sysmon313")["arches"]["x86_64"]
+    shutil.copy(os.path.join(out, "sysmon312-x86_64.bin"), os.path.join(out, info["blob"]))
+    before = (tmp_path / "native" / "sysmon313.json").read_bytes()
+    run = subprocess.run([sys.executable, os.path.join(NATIVE_SRC, "build.py"), "--manifests", "--only", "sysmon313",
+                          "--out", out], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 1 and "does not match its recorded size and sha256" in run.stdout, run.stdout
+    assert (tmp_path / "native" / "sysmon313.json").read_bytes() == before
+
+
+@pytest.mark.parametrize("damage", ["missing", "other dict", "truncated", "format"])
+def test_build_check_compares_the_stored_marshal_manifest_and_bins(damage, tmp_path, capsys):
+    """What ``--check`` verifies without a compiler: the .manifest holds exactly the
+    .json, the format is the build's, and each .bin has its size, sha256 and checksum."""
+    build = _build_module()
+    t = build.target("sysmon313")
+    out = _copy_native_dir(tmp_path)
+    stored = build.read_manifest(t.name, out)
+    assert build._check_stored(t, stored, t.arches, out) == 0
+    assert "sysmon313.manifest holds exactly sysmon313.json" in capsys.readouterr().out
+    path = os.path.join(out, "sysmon313.manifest")
+    if damage == "missing":
+        os.remove(path)
+        expect = "MISSING sysmon313.manifest"
+    elif damage == "other dict":
+        changed = json.loads(json.dumps(stored))
+        changed["arches"]["x86_64"]["size"] = 1.0 * changed["arches"]["x86_64"]["size"]  # == but not the same
+        with open(path, "wb") as f:
+            f.write(marshal.dumps(changed, 4))
+        expect = "sysmon313.manifest DIFFERENT from sysmon313.json"
+    elif damage == "truncated":
+        with open(os.path.join(out, "sysmon313-aarch64.bin"), "r+b") as f:
+            f.truncate(100)
+        expect = "the stored sysmon313-aarch64.bin does not match its manifest (size, sha256, checksum)"
+    else:
+        stored["format"] = 2
+        expect = "manifest format 2, this build writes 3"
+    assert build._check_stored(t, stored, t.arches, out) == 1
+    assert expect in capsys.readouterr().out
 
 
 # --------------------------------------------------------------------------- reproducible
@@ -124,7 +224,7 @@ def test_shipped_blob_is_reproducible(name, arch):
     entry (skipped without the compiler and headers that built it)."""
     build = _build_module()
     t = build.target(name)
-    why = build.why_not(t, arch, build.find_include(t.python, t.headers), _native.read_manifest(name))
+    why = build.why_not(t, arch, build.find_include(t.python, t.headers), stored_json(name))
     if why:
         pytest.skip(why)
     out = subprocess.run([sys.executable, os.path.join(NATIVE_SRC, "build.py"), "--check", "--only", name,
@@ -157,10 +257,12 @@ def test_missing_blob_is_refused():
         _native.read_manifest("sysmon399")
 
 
-def test_unknown_manifest_format_is_refused(tmp_path, monkeypatch):
-    (tmp_path / "old.json").write_text(json.dumps({"format": 1, "arch": "x86_64"}))
+@pytest.mark.parametrize("value, got", [({"format": 1, "arch": "x86_64"}, "1"), ({"format": 2, "arches": {}}, "2"),
+                                        (["not", "a", "dict"], "None")])
+def test_unknown_manifest_format_is_refused(value, got, tmp_path, monkeypatch):
+    (tmp_path / "old.manifest").write_bytes(marshal.dumps(value, 4))
     monkeypatch.setattr(_native, "NATIVE_DIR", str(tmp_path))
-    with pytest.raises(_native.NativeUnavailable, match="unknown manifest format 1"):
+    with pytest.raises(_native.NativeUnavailable, match=f"unknown manifest format {got}$"):
         _native.read_manifest("old")
 
 
@@ -172,7 +274,12 @@ def test_an_architecture_without_code_is_refused(name, monkeypatch):
 
 
 @pytest.mark.parametrize("name", BLOBS)
-def test_a_corrupted_blob_is_refused(name, tmp_path, monkeypatch):
+@pytest.mark.parametrize("damage", ["one byte", "truncated", "extended", "another build"])
+def test_a_corrupted_blob_is_refused(name, damage, tmp_path, monkeypatch):
+    """The size and checksum catch a changed byte, a truncated or extended image and
+    an image of another build (the same size: sysmon314 and sysmon315 have 24,528 bytes).
+    (Trailing zero bytes leave the integer, hence the checksum, unchanged: the size
+    check catches those.)"""
     for f in os.listdir(_native.NATIVE_DIR):
         shutil.copy(os.path.join(_native.NATIVE_DIR, f), tmp_path / f)
     info = _native.read_manifest(name)["arches"].get(_native.machine())
@@ -180,12 +287,24 @@ def test_a_corrupted_blob_is_refused(name, tmp_path, monkeypatch):
         pytest.skip(f"no {name} code for this architecture")
     blob = tmp_path / info["blob"]
     data = bytearray(blob.read_bytes())
-    data[10] ^= 0xFF
+    if damage == "one byte":
+        data[10] ^= 0xFF
+    elif damage == "truncated":
+        del data[len(data) // 2:]
+    elif damage == "extended":
+        data += bytes(8)  # zeros: the same integer, so the same checksum; the size differs
+    else:
+        other = "sysmon315" if name == "sysmon314" else "sysmon314"
+        other_info = _native.read_manifest(other)["arches"].get(_native.machine())
+        if other_info is None:
+            pytest.skip(f"no {other} code for this architecture")
+        data = bytearray((tmp_path / other_info["blob"]).read_bytes())
     blob.write_bytes(bytes(data))
+    match = "size differs" if damage == "extended" else r"does not match its manifest \(checksum\)"
     monkeypatch.setattr(_native, "NATIVE_DIR", str(tmp_path))
-    with pytest.raises(_native.NativeUnavailable, match="checksum"):
+    with pytest.raises(_native.NativeUnavailable, match=match):
         _native.read_image(name)
-    with pytest.raises(_native.NativeUnavailable, match="checksum"):
+    with pytest.raises(_native.NativeUnavailable, match=match):
         _native.load_copy(name)
 
 
@@ -272,35 +391,37 @@ def test_icache_flush_is_available():
     _native._clear_icache(ctypes.addressof(buf), ctypes.addressof(buf) + 256)  # raises if it cannot
 
 
-# --------------------------------------------------------------------------- no json, no mmap
+# --------------------------------------------------------------------------- no json, no digest, no mmap
 
-@pytest.mark.parametrize("name", BLOBS)
-def test_manifests_read_without_json_equal_what_json_reads(name):
-    """read_manifest() parses with json's C scanner (json itself imports re at start-up)."""
-    with open(_native.manifest_path(name), encoding="utf-8") as f:
-        text = f.read()
-    assert _native.parse_json(text) == json.loads(text)
-    assert _native.read_manifest(name) == json.loads(text)
+def _broken_marshal():
+    # a dict whose key is a list: marshal.loads raises TypeError (unhashable)
+    return b"{" + marshal.dumps([], 4) + marshal.dumps(1, 4) + b"0"
 
 
-@pytest.mark.parametrize("text", ['{"a": [1, -2.5, true, false, null, "\\u00e9\\n"]}', " [] ", "{}\n"])
-def test_parse_json_is_json(text):
-    assert _native.parse_json(text) == json.loads(text)
-
-
-@pytest.mark.parametrize("text", ["", "{", '{"a": 1} x', "{'a': 1}", "[1,]"])
-def test_parse_json_refuses_what_json_refuses(text):
-    with pytest.raises(ValueError):
-        json.loads(text)
-    with pytest.raises(ValueError):
-        _native.parse_json(text)
-
-
-def test_a_broken_manifest_is_refused_with_the_reason(tmp_path, monkeypatch):
-    (tmp_path / "broken.json").write_text('{"format": 2, "arches": ')
+@pytest.mark.parametrize("data", [b"", b"\xff\x00", b"{", marshal.dumps({"format": 3, "arches": {}}, 4)[:-3],
+                                  _broken_marshal()],
+                         ids=["empty", "bad type code", "eof", "truncated", "unhashable key"])
+def test_a_broken_manifest_is_refused_with_the_reason(data, tmp_path, monkeypatch):
+    (tmp_path / "broken.manifest").write_bytes(data)
     monkeypatch.setattr(_native, "NATIVE_DIR", str(tmp_path))
-    with pytest.raises(_native.NativeUnavailable, match="unreadable manifest"):
+    with pytest.raises(_native.NativeUnavailable, match="broken.manifest: unreadable manifest"):
         _native.read_manifest("broken")
+
+
+def test_an_unreadable_manifest_is_refused_with_the_reason(tmp_path, monkeypatch):
+    (tmp_path / "dir.manifest").mkdir()  # open() raises IsADirectoryError (an OSError)
+    monkeypatch.setattr(_native, "NATIVE_DIR", str(tmp_path))
+    with pytest.raises(_native.NativeUnavailable, match="dir.manifest: unreadable manifest"):
+        _native.read_manifest("dir")
+
+
+def test_the_checksum_is_the_image_modulo_a_prime():
+    p = _native.CHECKSUM_MODULUS
+    assert p == 1073741789 < 2**30 and all(p % k for k in range(2, int(p**0.5) + 1))  # prime, one int digit
+    assert _native.checksum(b"") == 0
+    assert _native.checksum(b"\x01\x02") == 0x0201
+    assert _native.checksum(b"\xff" * 8) == (2**64 - 1) % 1073741789
+    assert _native.checksum(b"\xff" * 8 + b"\x00") == _native.checksum(b"\xff" * 8)  # the size check's job
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the constants are Linux's")
@@ -346,12 +467,15 @@ def test_the_method_def_layout_is_ctypes_structure_s():
 def test_loading_imports_neither_ctypes_nor_sysconfig_nor_threading():
     """The loader uses _ctypes through monstack._cdata: loading and checking this
     interpreter's blob (as MONSTACK=1 does at start-up) imports no ctypes (~9.6M
-    instructions on 3.13), and so not 3.14's sysconfig, which imports threading."""
+    instructions on 3.13), and so not 3.14's sysconfig, which imports threading; nor
+    json or _json (the manifest is read with marshal), nor a SHA-256 module (the image
+    is checked with its checksum)."""
     check = ("from monstack._evalframe import EvalFrameBackend as B; why = B.unavailable()" if own_blob() == "evalframe311"
              else "from monstack import _accel; why = _accel.unavailable()")
     code = (
         "import sys; sys.path.insert(0, %r); %s; "
-        "print(why, sorted({'ctypes', 'sysconfig', 'threading'} & set(sys.modules)))" % (ROOT, check)
+        "print(why, sorted({'ctypes', 'sysconfig', 'threading', 'json', '_json', 'hashlib', '_sha2', '_sha256'}"
+        " & set(sys.modules)))" % (ROOT, check)
     )
     out = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr

@@ -24,7 +24,7 @@ ALLOWED = re.compile(
     r"|_monstack_boot\.py"  # what the .pth line runs, outside the package
     r"|monstack/((_boot|_bench)/)?[A-Za-z_][A-Za-z0-9_]*\.py"
     r"|monstack/py\.typed"
-    r"|monstack/_native/[A-Za-z0-9_.-]+\.(bin|json))$"
+    r"|monstack/_native/[A-Za-z0-9_.-]+\.(bin|json|manifest))$"
 )
 
 
@@ -54,7 +54,7 @@ def test_wheel_holds_the_package_and_its_data_only(wheel):
     shipped = {
         p.relative_to(REPO).as_posix()
         for p in PACKAGE.rglob("*")
-        if p.is_file() and "__pycache__" not in p.parts and p.suffix in (".py", ".bin", ".json", ".typed")
+        if p.is_file() and "__pycache__" not in p.parts and p.suffix in (".py", ".bin", ".json", ".manifest", ".typed")
     }
     assert shipped and shipped <= set(names), sorted(shipped - set(names))
     assert "monstack-startup.pth" in names
