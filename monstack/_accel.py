@@ -230,8 +230,9 @@ def _verify_layout(blob: _native.Blob) -> None:
     need(lay["ml_meth"] == _native.ML_METH and lay["ml_flags"] == _native.ML_FLAGS, "PyMethodDef fields")
     # The state capsule's pointer is read right after the object header.
     fn = _native.api_function
-    new = fn("PyCapsule_New", C.py_object, C.c_void_p, C.c_char_p, C.c_void_p)
-    get = fn("PyCapsule_GetPointer", C.c_void_p, C.py_object, C.c_char_p)
+    # (the name as c_void_p: a bytes argument passes its buffer, as c_char_p would)
+    new = fn("PyCapsule_New", C.py_object, C.c_void_p, C.c_void_p, C.c_void_p)
+    get = fn("PyCapsule_GetPointer", C.c_void_p, C.py_object, C.c_void_p)
     marker = C.c_int(7)
     cap = new(C.addressof(marker), STATE_NAME, None)
     need(get(cap, STATE_NAME) == C.addressof(marker), "PyCapsule_GetPointer")
@@ -358,10 +359,10 @@ def _verify_dict_entries(lay: Dict[str, int], need: Callable[[bool, str], None])
     def entries() -> list:
         keys = word(id(d) + lay["ma_keys"])
         need(keys is not None and word(id(d) + lay["ma_values"]) is None, "PyDictObject.ma_keys/ma_values")
-        need(word(keys + lay["dk_kind"], C.c_uint8) != lay["DICT_KEYS_GENERAL"], "PyDictKeysObject.dk_kind")
+        need(C.string_at(keys + lay["dk_kind"], 1)[0] != lay["DICT_KEYS_GENERAL"], "PyDictKeysObject.dk_kind")
         n = word(keys + lay["dk_nentries"], C.c_ssize_t)
         need(n == len(d), "PyDictKeysObject.dk_nentries")
-        first = keys + lay["dk_indices"] + (1 << word(keys + lay["dk_log2_index_bytes"], C.c_uint8))
+        first = keys + lay["dk_indices"] + (1 << C.string_at(keys + lay["dk_log2_index_bytes"], 1)[0])
         size = lay["sizeof_PyDictUnicodeEntry"]
         return [(word(first + i * size + lay["me_key"]), word(first + i * size + lay["me_value"])) for i in range(n)]
 

@@ -48,18 +48,6 @@ class c_int(_SimpleCData):
     _type_ = "i"
 
 
-class c_ubyte(_SimpleCData):
-    _type_ = "B"
-
-
-class c_char(_SimpleCData):
-    _type_ = "c"
-
-
-class c_char_p(_SimpleCData):
-    _type_ = "z"
-
-
 class c_void_p(_SimpleCData):
     _type_ = "P"
 
@@ -78,11 +66,35 @@ else:  # pragma: no cover (LLP64: Windows)
         _type_ = "Q"
 
 
-c_uint8 = c_ubyte
 c_int64 = c_longlong
 c_uint64 = c_ulonglong
 c_size_t: Any = c_ulong if sizeof(c_ulong) == sizeof(c_void_p) else c_ulonglong
 c_ssize_t: Any = c_long if sizeof(c_long) == sizeof(c_void_p) else c_longlong
+
+
+# Made at first use (module ``__getattr__``): the loader needs none of them at start-up.
+_LAZY_TYPES = {"c_char": "c", "c_char_p": "z", "c_ubyte": "B", "c_uint8": "B"}
+c_char: Any
+c_char_p: Any
+c_ubyte: Any
+c_uint8: Any
+
+
+def __getattr__(name: str) -> Any:
+    code = _LAZY_TYPES.get(name)
+    if code is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if name == "c_uint8":
+        return __getattr__("c_ubyte")
+
+    class simple(_SimpleCData):
+        _type_ = code
+
+    simple.__name__ = simple.__qualname__ = name
+    globals()[name] = simple
+    if name == "c_ubyte":
+        globals()["c_uint8"] = simple
+    return simple
 
 
 # -- function prototypes -----------------------------------------------------------------
@@ -176,13 +188,14 @@ def string_at(ptr: int, size: int = -1) -> bytes:
 def create_string_buffer(init: bytes | int) -> Any:
     """``ctypes.create_string_buffer(bytes_or_size)``: a zeroed ``c_char`` array, of
     ``len(init) + 1`` bytes holding ``init`` or of ``init`` bytes."""
+    char = __getattr__("c_char")
     if isinstance(init, bytes):
         size = len(init) + 1
         sys.audit("ctypes.create_string_buffer", init, size)
-        buf: Any = (c_char * size)()
+        buf: Any = (char * size)()
         buf.value = init
         return buf
     if isinstance(init, int):
         sys.audit("ctypes.create_string_buffer", None, init)
-        return (c_char * init)()
+        return (char * init)()
     raise TypeError(init)

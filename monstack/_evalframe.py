@@ -38,6 +38,10 @@ if TYPE_CHECKING:
 
     from ._backend import Host
 
+#: ``MS_LASTI_INTS`` of native/shim311.h (a test reads it there): call-site offsets below
+#: 2 * LASTI_INTS get an int the shim makes at first use and keeps (no allocation per push).
+LASTI_INTS = 2048
+
 #: The blob's name (manifest ``monstack/_native/evalframe311.json``).
 BLOB = "evalframe311"
 
@@ -45,8 +49,6 @@ BLOB = "evalframe311"
 #: RecursionError instead of starting a Python frame within this distance).
 STACK_MARGIN = 256 * 1024
 
-#: Call-site offsets below 2 * LASTI_INTS get a preallocated int (no allocation per push).
-LASTI_INTS = 2048
 
 #: First 3.11 release whose interpreter calls eval_frame for every Python frame
 #: (3.11.0-3.11.3 skip it for ``__getitem__`` frames: CPython gh-104405).
@@ -433,12 +435,6 @@ def _load_into(nat: _Native) -> Optional[str]:
     blob.put_ptr(f["interp"], nat.interp)
     blob.put_i64(f["extra_index"], index)
     blob.put_i64(f["margin"], STACK_MARGIN)
-    # call-site offsets as ready-made ints (offsets are even: entry i is the int 2*i)
-    ints = [2 * i for i in range(LASTI_INTS)]
-    array = (C.c_void_p * LASTI_INTS)(*[id(v) for v in ints])
-    nat.keep = (ints, array)
-    blob.put_ptr(f["lasti_ints"], C.addressof(array))
-    blob.put_i64(f["n_lasti_ints"], LASTI_INTS)
     nat.blob = blob
     nat.entry = blob.addr("ms_eval_frame")
     return None

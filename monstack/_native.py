@@ -88,10 +88,11 @@ def machine() -> str:
 #: padded to a pointer's (laid out here: a ``Structure`` with ``_fields_`` imports
 #: ``ctypes`` on 3.14+, see ``_cdata``; tests compare with one).
 _PTR = C.sizeof(C.c_void_p)
+_INT = C.sizeof(C.c_int)
 ML_NAME = 0
 ML_METH = _PTR
 ML_FLAGS = 2 * _PTR
-ML_DOC = -(-(ML_FLAGS + C.sizeof(C.c_int)) // _PTR) * _PTR
+ML_DOC = -(-(ML_FLAGS + _INT) // _PTR) * _PTR
 SIZEOF_PYMETHODDEF = ML_DOC + _PTR
 
 
@@ -332,6 +333,25 @@ _API: Dict[tuple, Any] = {}
 _PyCFunction_NewEx: Any = None
 
 
+#: Where a bytes object's data starts (``PyBytesObject.ob_sval``: the basic size counts
+#: its terminating NUL). Checked by ``buffer_address`` before first use.
+_BYTES_DATA = bytes.__basicsize__ - 1
+_bytes_checked = False
+
+
+def buffer_address(data: bytes) -> int:
+    """The address of ``data``'s bytes, which never move (CPython does not move objects):
+    how the loader points C at names and method defs without a ctypes buffer type."""
+    global _bytes_checked
+    if not _bytes_checked:
+        probe = b"monstack: bytes layout"
+        at = id(probe) + _BYTES_DATA  # (inside the object whatever the layout: a safe read)
+        if C.string_at(at, len(probe)) != probe or at % _PTR:
+            raise NativeUnavailable("bytes objects are not laid out as expected (PyBytesObject.ob_sval)")
+        _bytes_checked = True
+    return id(data) + _BYTES_DATA
+
+
 def make_function(address: int, name: str, flags: int, self_obj: Any, doc: Optional[str] = None) -> Callable:
     """A builtin function object for the C function at ``address`` (its def lives forever)."""
     global _PyCFunction_NewEx
@@ -339,18 +359,21 @@ def make_function(address: int, name: str, flags: int, self_obj: Any, doc: Optio
         _PyCFunction_NewEx = api_function(
             "PyCFunction_NewEx", C.py_object, C.c_void_p, C.py_object, C.c_void_p
         )
-    # NUL-terminated bytes objects, kept forever: their buffers never move. (A
-    # create_string_buffer per name made a c_char array type per distinct length.)
+    # The def and its NUL-terminated strings are bytes objects made with their final
+    # content and kept forever (CPython only reads a PyMethodDef): no ctypes array or
+    # char-pointer type to create (~0.4M instructions of start-up).
+    order = sys.byteorder
     ml_name = name.encode("ascii") + b"\0"
     ml_doc = doc.encode("utf-8") + b"\0" if doc else None
-    mdef = (C.c_char * SIZEOF_PYMETHODDEF)()  # zeroed: ml_doc stays NULL unless set
-    at = C.addressof(mdef)
-    C.c_char_p.from_address(at + ML_NAME).value = ml_name  # (the address of its buffer)
-    C.c_void_p.from_address(at + ML_METH).value = address
-    C.c_int.from_address(at + ML_FLAGS).value = flags
+    fields = bytearray(SIZEOF_PYMETHODDEF)  # ml_doc stays NULL unless set
+    fields[ML_NAME:ML_NAME + _PTR] = buffer_address(ml_name).to_bytes(_PTR, order)
+    fields[ML_METH:ML_METH + _PTR] = address.to_bytes(_PTR, order)
+    fields[ML_FLAGS:ML_FLAGS + _INT] = flags.to_bytes(_INT, order)
     if ml_doc is not None:
-        C.c_char_p.from_address(at + ML_DOC).value = ml_doc
-    _FOREVER.append((mdef, ml_name, ml_doc))
+        fields[ML_DOC:ML_DOC + _PTR] = buffer_address(ml_doc).to_bytes(_PTR, order)
+    mdef = bytes(fields)
+    at = buffer_address(mdef)
+    _FOREVER.append((at, mdef, ml_name, ml_doc))
     return _PyCFunction_NewEx(at, self_obj, None)
 
 
@@ -359,13 +382,13 @@ def cached_function(blob: Blob, symbol: str, name: str, flags: int = METH_FASTCA
     use it for functions made repeatedly (one per install) so defs do not pile up."""
     key = (blob.name, symbol, name, flags)
     with _lock:
-        mdef = _DEFS.get(key)
-        if mdef is None:
+        at = _DEFS.get(key)
+        if at is None:
             fn = make_function(blob.addr(symbol), name, flags, self_obj)
             _DEFS[key] = _FOREVER[-1][0]
             return fn
-    return _PyCFunction_NewEx(C.addressof(mdef), self_obj, None)
+    return _PyCFunction_NewEx(at, self_obj, None)
 
 
-#: (blob, symbol, name, flags) -> its method def (a ``c_char`` array, kept forever)
-_DEFS: Dict[tuple, Any] = {}
+#: (blob, symbol, name, flags) -> the address of its method def (kept forever)
+_DEFS: Dict[tuple, int] = {}

@@ -279,17 +279,31 @@ static inline Py_ssize_t frame_lasti(_PyInterpreterFrame *f)
     return (Py_ssize_t)(f->prev_instr - _PyCode_CODE(f->f_code)) * (Py_ssize_t)sizeof(_Py_CODEUNIT);
 }
 
+/* The int `lasti` (a new reference; NULL with an exception set on failure): one kept
+ * for good per even offset below 2 * MS_LASTI_INTS, so that pushes do not allocate for
+ * the call sites of all but huge functions (the GIL serialises the first use). */
+static PyObject *lasti_int(Py_ssize_t lasti)
+{
+    Py_ssize_t half = lasti >> 1;
+    if (LIKELY(lasti >= 0 && (lasti & 1) == 0 && half < MS_LASTI_INTS)) {
+        PyObject *li = DATA.lasti_ints[half];
+        if (UNLIKELY(li == 0)) {
+            li = DATA.PyLong_FromSsize_t(lasti);
+            if (li == 0) {
+                return 0;
+            }
+            DATA.lasti_ints[half] = li; /* the table's reference, never released */
+        }
+        ms_incref(li);
+        return li;
+    }
+    return DATA.PyLong_FromSsize_t(lasti);
+}
+
 /* A new node (code, parent, lasti); steals parent. NULL on failure (parent released). */
 static PyObject *new_node(PyObject *code, PyObject *parent, Py_ssize_t lasti)
 {
-    PyObject *li;
-    Py_ssize_t half = lasti >> 1;
-    if (LIKELY(lasti >= 0 && (lasti & 1) == 0 && half < (Py_ssize_t)DATA.n_lasti_ints)) {
-        li = DATA.lasti_ints[half]; /* no allocation for the offsets of all but huge functions */
-        ms_incref(li);
-    } else {
-        li = DATA.PyLong_FromSsize_t(lasti);
-    }
+    PyObject *li = lasti_int(lasti);
     if (li == 0) {
         ms_decref(parent);
         return 0;
@@ -1076,8 +1090,12 @@ static PyObject *build_snapshot(PyObject *self, int from_caller)
     }
     PyObject *meta;
     if (LIKELY(origin == DATA.py_none)) {
-        meta = DATA.lasti_ints[0]; /* the int 0 */
-        ms_incref(meta);
+        meta = lasti_int(0); /* the int 0 (a small int: never fails) */
+        if (meta == 0) {
+            DATA.PyErr_Clear();
+            ms_decref(origin);
+            goto decline;
+        }
     } else {
         meta = linked_meta(origin);
         if (meta == 0) {
@@ -1085,12 +1103,8 @@ static PyObject *build_snapshot(PyObject *self, int from_caller)
             goto decline;
         }
     }
-    PyObject *off;
-    Py_ssize_t half = lasti >> 1;
-    if (LIKELY((lasti & 1) == 0 && half < (Py_ssize_t)DATA.n_lasti_ints)) {
-        off = DATA.lasti_ints[half];
-        ms_incref(off);
-    } else if ((off = DATA.PyLong_FromSsize_t(lasti)) == 0) {
+    PyObject *off = lasti_int(lasti);
+    if (off == 0) {
         ms_decref(meta);
         ms_decref(origin);
         return 0;

@@ -68,8 +68,6 @@ typedef PyObject *(*ms_evalfunc)(PyThreadState *, _PyInterpreterFrame *, int);
     X(str_cell, PyObject *)        /* "cell" */                                \
     X(decide, PyObject *)          /* callable(code, globals) -> True/False/None */ \
     X(off_localdict, int64_t)      /* offset of localdict in _thread._localdummy */ \
-    X(lasti_ints, PyObject **)     /* lasti_ints[i] is the int 2*i (kept alive by the loader) */ \
-    X(n_lasti_ints, int64_t)                                                   \
     X(extra_index, int64_t)        /* co_extra index for cached decisions */   \
     X(margin, int64_t)             /* C stack bytes kept in reserve */         \
     X(epoch, int64_t)              /* policy epoch: cached decisions of other epochs are stale */ \
@@ -112,6 +110,10 @@ struct ms_rec {
 };
 
 #define MS_NREC 1024
+/* Call-site offsets below 2 * MS_LASTI_INTS get an int made once and kept (no
+ * allocation per push); made on first use, not by the loader (2048 ints and an array
+ * of them cost ~4M instructions at start-up). */
+#define MS_LASTI_INTS 2048
 #define MS_REC_BITS 10
 
 struct ms_data {
@@ -126,6 +128,7 @@ struct ms_data {
     MS_COUNTERS(MS_DECL_COUNTER)
 #undef MS_DECL_COUNTER
     struct ms_rec recs[MS_NREC];
+    PyObject *lasti_ints[MS_LASTI_INTS]; /* [i]: the int 2*i, or 0 until first needed */
 };
 
 /* co_extra layout (private to Objects/codeobject.c; verified by the loader). */

@@ -104,3 +104,22 @@ def test_without_ctypes_the_import_fails_with_import_error():
     ImportError and use the pure-Python callbacks."""
     code = ("sys.modules['_ctypes'] = None\ntry:\n from monstack import _cdata\nexcept ImportError as e: print('ImportError')")
     assert _run(code) == "ImportError"
+
+
+def test_char_and_byte_types_are_made_at_first_use_only():
+    """Each ctypes type costs ~0.2M instructions to create; install() needs none of these
+    (the loader's method defs and names are bytes objects, see _native.buffer_address)."""
+    code = ("import monstack; monstack.install(); from monstack import _cdata as C; "
+            "print(sorted(n for n in C._LAZY_TYPES if n in vars(C)), C.c_uint8 is C.c_ubyte, "
+            "sorted(n for n in C._LAZY_TYPES if n in vars(C)))")
+    assert _run(code) == "[] True ['c_ubyte', 'c_uint8']"
+    with pytest.raises(AttributeError, match="no attribute 'c_nonesuch'"):
+        C.c_nonesuch  # noqa: B018
+
+
+def test_method_defs_live_in_bytes_objects():
+    from monstack import _native
+
+    data = b"monstack\0"
+    assert C.string_at(_native.buffer_address(data)) == b"monstack"
+    assert _native.buffer_address(data) % ctypes.sizeof(ctypes.c_void_p) == 0

@@ -962,6 +962,32 @@ def test_keyboard_interrupt_in_the_policy_callback_reaches_user_code(monkeypatch
     monstack.uninstall()
 
 
+def test_lasti_ints_is_the_shims():
+    with open(os.path.join(os.path.dirname(__file__), "..", "native", "shim311.h")) as f:
+        header = f.read()
+    assert f"#define MS_LASTI_INTS {_evalframe.LASTI_INTS}\n" in header
+
+
+@needs_shim
+def test_offset_ints_are_made_once_at_first_use_and_kept(installed):
+    """The shim makes the int of a call-site offset at its first push and reuses it: the
+    same object in every node with that call site, and none made at load."""
+    src = "".join(f"    x{i} = {i}\n" for i in range(200)) + "    return check()\n"
+    ns: dict = {}
+    exec(compile(f"def long_fn(check):\n{src}", "/tmp/monstack_offsets.py", "exec"), ns)
+    seen = []
+
+    def grab():
+        monstack.snapshot()
+        seen.append(_stack.get_cell()[0][2])  # grab's node: its call site in long_fn
+        return 0
+
+    ns["long_fn"](grab)
+    ns["long_fn"](grab)
+    assert seen[0] > 256 and seen[0] == seen[1]  # (not a small int: CPython caches those)
+    assert seen[0] is seen[1]
+
+
 @needs_shim
 def test_call_sites_beyond_the_preallocated_offsets(installed):
     """Call sites past the shim's preallocated offset ints (a long function) still give
