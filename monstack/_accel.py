@@ -313,9 +313,9 @@ def _verify_code_extra(lay: Dict[str, int], need: Callable[[bool, str], None]) -
     """Request our co_extra index and check the layout the native code reads."""
     global _extra_index
     fn = _native.api_function
-    req = fn("PyUnstable_Eval_RequestCodeExtraIndex", C.c_ssize_t, C.c_void_p)
+    req = fn("PyUnstable_Eval_RequestCodeExtraIndex", C.c_void_p, C.c_void_p)  # (Py_ssize_t: see signed)
     setx = fn("PyUnstable_Code_SetExtra", C.c_int, C.py_object, C.c_ssize_t, C.c_void_p)
-    index = req(None)
+    index = _native.signed(req(None))
     if index < 0:
         raise _native.NativeUnavailable("no free co_extra index (PyUnstable_Eval_RequestCodeExtraIndex)")
     code = _verify_code_extra.__code__.replace()  # a fresh code object (not compile(): see above)
@@ -392,7 +392,7 @@ def _verify_runtime(probe: Callable) -> None:
     ts_get = fn("PyThreadState_Get", C.c_void_p)
     interp_get = fn("PyInterpreterState_Get", C.c_void_p)
     dict_get = fn("PyThreadState_GetDict", C.c_void_p)
-    get_id = fn("PyThreadState_GetID", C.c_uint64, C.c_void_p)
+    get_id = fn("PyThreadState_GetID", C.c_void_p, C.c_void_p)  # (uint64_t: a 64-bit word too)
 
     def need(cond: bool, what: str) -> None:
         if not cond:
@@ -403,7 +403,7 @@ def _verify_runtime(probe: Callable) -> None:
             ts = ts_get()
             d = dict_get()
             p = probe()
-            out.append((p[7] == ts, p[4] == get_id(ts), p[5] == interp_get(), p[6] == d))
+            out.append((p[7] == ts, p[4] == (get_id(ts) or 0), p[5] == interp_get(), p[6] == d))
         except Exception as exc:  # pragma: no cover - reported below
             out.append(exc)
 

@@ -18,60 +18,74 @@ HAS_SYSMON: bool = hasattr(sys, "monitoring")
 
 
 def config_var(name: str) -> object:
-    """``sysconfig.get_config_var(name)`` for a build-time variable, without importing
-    ``sysconfig`` (which imports ``threading``, ~1-2 ms at start-up) or even the
-    interpreter's ``_sysconfigdata`` module it reads them from (~2.5M instructions for
-    one variable): that module's source is a ``pprint``-ed dict, and a variable whose
-    value is an int or a plain string is read from its text. Anything else (no such
-    file, another layout, another kind of value) imports the module as ``sysconfig``
-    would."""
+    """``sysconfig.get_config_var(name)`` for a build-time variable: see ``config_vars``."""
+    return config_vars(name)[0]
+
+
+def config_vars(*names: str) -> list:
+    """``[sysconfig.get_config_var(name) for name in names]`` for build-time variables,
+    without importing ``sysconfig`` (which imports ``threading``, ~1-2 ms at start-up) or
+    even the interpreter's ``_sysconfigdata`` module it reads them from (~2.5M
+    instructions): that module's source is a ``pprint``-ed dict, and a variable whose
+    value is an int or a plain string is read from its bytes (read once per call).
+    Anything else (no such file, another layout, another kind of value) imports the
+    module as ``sysconfig`` would."""
     module = os.environ.get(
         "_PYTHON_SYSCONFIGDATA_NAME",
         f"_sysconfigdata_{getattr(sys, 'abiflags', '')}_{sys.platform}_{getattr(sys.implementation, '_multiarch', '')}",
     )
-    found = _config_var_from_text(module, name)
-    if found is not _UNREAD:
+    text = _sysconfigdata_source(module)
+    found = [_config_var_from_text(text, name) for name in names]
+    if all(v is not _UNREAD for v in found):
         return found
     try:
-        return __import__(module).build_time_vars.get(name)
+        data = __import__(module).build_time_vars
+        return [data.get(name) for name in names]
     except Exception:  # not POSIX, or an unusual layout: ask sysconfig itself
         import sysconfig
 
-        return sysconfig.get_config_var(name)
+        return [sysconfig.get_config_var(name) for name in names]
 
 
 _UNREAD = object()
 
 
-def _config_var_from_text(module: str, name: str) -> object:
-    """The value of ``name`` in ``<stdlib>/<module>.py`` read as text, None if that dict
-    does not have it, or ``_UNREAD`` if the text cannot say for sure."""
+def _sysconfigdata_source(module: str) -> bytes:
+    """The source of ``<stdlib>/<module>.py``, or b"" if it cannot be read."""
     stdlib = getattr(sys, "_stdlib_dir", None)
     if not stdlib:
-        return _UNREAD
+        return b""
     try:
-        with open(os.path.join(stdlib, module + ".py"), encoding="utf-8") as f:
-            text = f.read()
+        with open(os.path.join(stdlib, module + ".py"), "rb") as f:
+            return f.read()
     except (OSError, ValueError):
-        return _UNREAD
-    key = repr(name)
-    if text.count("build_time_vars = {") != 1:
+        return b""
+
+
+def _config_var_from_text(text: bytes, name: str) -> object:
+    """The value of ``name`` in a ``_sysconfigdata`` source, None if its dict does not
+    have it, or ``_UNREAD`` if the text cannot say for sure."""
+    key = repr(name).encode("ascii")
+    if text.count(b"build_time_vars = {") != 1:
         return _UNREAD
     if text.count(key) != 1:  # absent (None), or also elsewhere than as one key
-        return None if key not in text and f'"{name}"' not in text else _UNREAD
+        return None if key not in text and b'"' + key[1:-1] + b'"' not in text else _UNREAD
     at = text.index(key)
-    line_start = text.rfind("\n", 0, at) + 1
-    if text[line_start:at].strip() not in ("", "build_time_vars = {") or text[at + len(key):at + len(key) + 2] != ": ":
+    line_start = text.rfind(b"\n", 0, at) + 1
+    if text[line_start:at].strip() not in (b"", b"build_time_vars = {") or text[at + len(key):at + len(key) + 2] != b": ":
         return _UNREAD
-    end = text.find("\n", at)
+    end = text.find(b"\n", at)
     value = text[at + len(key) + 2:end if end >= 0 else len(text)].rstrip()
-    if not value.endswith((",", "}")):  # continued on the next line
+    if not value.endswith((b",", b"}")):  # continued on the next line
         return _UNREAD
     value = value[:-1]
-    if value.lstrip("-").isdigit():
+    if value.lstrip(b"-").isdigit():
         return int(value)
-    if len(value) >= 2 and value[0] == value[-1] == "'" and not set("\\'") & set(value[1:-1]):
-        return value[1:-1]
+    if len(value) >= 2 and value[:1] == value[-1:] == b"'" and not set(b"\\'") & set(value[1:-1]):
+        try:
+            return value[1:-1].decode("ascii")
+        except UnicodeDecodeError:
+            return _UNREAD
     return _UNREAD
 
 
@@ -104,16 +118,13 @@ NATIVE_CALLBACK_VERSIONS: tuple[tuple[int, int], ...] = ((3, 12), (3, 13), (3, 1
 #: variable is ``Py_TAIL_CALL_INTERP`` in 3.14, ``_Py_TAIL_CALL_INTERP`` in 3.15). The
 #: native callbacks were tested only with the classic interpreter (switch-based
 #: ``_PyEval_EvalFrameDefault``): refused on such a build. Computed when first read
-#: (module ``__getattr__``): reading the build's variables costs ~0.6 ms, and only the
-#: native path of 3.14+ needs them.
+#: (module ``__getattr__``): only the native path of 3.14+ needs them.
 TAIL_CALL_INTERP: bool
 
 
 def __getattr__(name: str) -> object:
     if name == "TAIL_CALL_INTERP":
-        value = PYVERSION[:2] >= (3, 14) and bool(
-            config_var("Py_TAIL_CALL_INTERP") or config_var("_Py_TAIL_CALL_INTERP")
-        )
+        value = PYVERSION[:2] >= (3, 14) and any(config_vars("Py_TAIL_CALL_INTERP", "_Py_TAIL_CALL_INTERP"))
         globals()[name] = value
         return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -142,13 +142,13 @@ def _probe_with(mem: "_SafeMemory", off: Dict[str, int]) -> List[str]:
     # c_void_p, not py_object: ctypes treats a py_object result as a new reference,
     # and this function returns a borrowed one.
     ts_dict = _api_fn("PyThreadState_GetDict", C.c_void_p)
-    ts_id = _api_fn("PyThreadState_GetID", C.c_uint64, C.c_void_p)
+    ts_id = _api_fn("PyThreadState_GetID", C.c_void_p, C.c_void_p)  # (uint64_t: see _native.signed)
     ts = ts_get()
     interp = interp_get()
 
     check("ts_interp", _rd_ptr(ts + off["ts_interp"]) == interp)
     check("ts_dict", _rd_ptr(ts + off["ts_dict"]) == ts_dict())
-    check("ts_id", mem.read_int(ts + off["ts_id"], 8) == ts_id(ts))
+    check("ts_id", mem.read_int(ts + off["ts_id"], 8) == (ts_id(ts) or 0))
     check("ts_recursion_limit", _rd_i32(ts + off["ts_recursion_limit"]) == sys.getrecursionlimit())
 
     def remaining() -> int:
@@ -267,7 +267,7 @@ def _probe_with(mem: "_SafeMemory", off: Dict[str, int]) -> List[str]:
             (lambda: None)()
         finally:
             sys.settrace(None)
-        seen.append(mem.read_int(t + off["ts_id"], 8) == ts_id(t))
+        seen.append(mem.read_int(t + off["ts_id"], 8) == (ts_id(t) or 0))
 
     # A bare thread (not threading's: nothing of monstack imports threading before the
     # program does), joined through a lock its body releases last.
@@ -395,8 +395,8 @@ def _load_into(nat: _Native) -> Optional[str]:
     problems = _probe_interp_offsets(off)
     if problems:
         return "interpreter layout differs from the one the shim was built for: " + "; ".join(problems)
-    request = _api_fn("_PyEval_RequestCodeExtraIndex", C.c_ssize_t, C.c_void_p)
-    index = request(None)
+    request = _api_fn("_PyEval_RequestCodeExtraIndex", C.c_void_p, C.c_void_p)  # (Py_ssize_t)
+    index = _loader.signed(request(None))
     if index < 0:
         return "no free co_extra index (another tool took them all)"
     problems = _probe_code_extra(off, index)

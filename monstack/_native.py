@@ -330,6 +330,15 @@ def api_function(name: str, restype: Any, *argtypes: Any) -> Any:
 _API: Dict[tuple, Any] = {}
 
 
+def signed(result: Optional[int]) -> int:
+    """A ``c_void_p`` result (None for 0) as the 64-bit signed integer the C function
+    returned. Functions whose arguments and results are all 64-bit words then share one
+    prototype (``PYFUNCTYPE(c_void_p, c_void_p)``...): each prototype is a class,
+    ~0.17M instructions to make at start-up."""
+    value = result or 0
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
 _PyCFunction_NewEx: Any = None
 
 
@@ -356,8 +365,9 @@ def make_function(address: int, name: str, flags: int, self_obj: Any, doc: Optio
     """A builtin function object for the C function at ``address`` (its def lives forever)."""
     global _PyCFunction_NewEx
     if _PyCFunction_NewEx is None:
+        # (self as an address: the prototype of PyCapsule_New too, see ``signed``)
         _PyCFunction_NewEx = api_function(
-            "PyCFunction_NewEx", C.py_object, C.c_void_p, C.py_object, C.c_void_p
+            "PyCFunction_NewEx", C.py_object, C.c_void_p, C.c_void_p, C.c_void_p
         )
     # The def and its NUL-terminated strings are bytes objects made with their final
     # content and kept forever (CPython only reads a PyMethodDef): no ctypes array or
@@ -374,7 +384,7 @@ def make_function(address: int, name: str, flags: int, self_obj: Any, doc: Optio
     mdef = bytes(fields)
     at = buffer_address(mdef)
     _FOREVER.append((at, mdef, ml_name, ml_doc))
-    return _PyCFunction_NewEx(at, self_obj, None)
+    return _PyCFunction_NewEx(at, id(self_obj), None)
 
 
 def cached_function(blob: Blob, symbol: str, name: str, flags: int = METH_FASTCALL, self_obj: Any = None) -> Callable:
@@ -387,7 +397,7 @@ def cached_function(blob: Blob, symbol: str, name: str, flags: int = METH_FASTCA
             fn = make_function(blob.addr(symbol), name, flags, self_obj)
             _DEFS[key] = _FOREVER[-1][0]
             return fn
-    return _PyCFunction_NewEx(at, self_obj, None)
+    return _PyCFunction_NewEx(at, id(self_obj), None)
 
 
 #: (blob, symbol, name, flags) -> the address of its method def (kept forever)

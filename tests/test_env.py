@@ -37,15 +37,17 @@ def test_config_vars_read_from_the_text_agree_with_the_module():
         data = __import__(module).build_time_vars
     except ImportError:
         pytest.skip(f"no {module} here")
+    text = _env._sysconfigdata_source(module)
     read = 0
     for name in [*data, "no such variable"]:
-        got = _env._config_var_from_text(module, name)
+        got = _env._config_var_from_text(text, name)
         if got is not _env._UNREAD:
             assert got == data.get(name), name
             read += 1
     assert read > len(data) * 0.9
     for name in ("Py_GIL_DISABLED", "Py_TAIL_CALL_INTERP", "_Py_TAIL_CALL_INTERP", "no such variable"):
-        assert _env._config_var_from_text(module, name) is not _env._UNREAD, name
+        assert _env._config_var_from_text(text, name) is not _env._UNREAD, name
+    assert _env.config_vars("Py_DEBUG", "no such variable") == [sysconfig.get_config_var("Py_DEBUG"), None]
 
 
 def test_tail_call_interp_is_read_when_asked_and_agrees_with_sysconfig():

@@ -24,7 +24,7 @@ from typing import Optional
 
 import pytest
 
-from monstack import _env, _native
+from monstack import _cdata, _env, _native
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NATIVE_SRC = os.path.join(ROOT, "native")
@@ -480,3 +480,11 @@ def test_loading_imports_neither_ctypes_nor_sysconfig_nor_threading():
     out = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "None []"
+
+
+def test_signed_reads_a_word_result_as_a_signed_64_bit_integer():
+    assert [_native.signed(v) for v in (None, 0, 1, 2**63 - 1, 2**63, 2**64 - 1)] == [0, 0, 1, 2**63 - 1, -2**63, -1]
+    # the prototype it lets functions share: a Py_ssize_t result read through c_void_p
+    neg = _native.api_function("PyLong_AsSsize_t", _cdata.c_void_p, _cdata.c_void_p)
+    minus_two = -2
+    assert _native.signed(neg(id(minus_two))) == -2
