@@ -354,6 +354,21 @@ NOT_MONSTACK_AT_START_UP = ("monstack._origin", "monstack._format", "monstack._c
                             "monstack._greenlet", "monstack._dump", "monstack._dumpsig")
 
 
+#: What loading the native code used to import at every start (each 0.3-2.5M instructions):
+#: the manifest is marshal data, the image's check an integer checksum, the opcodes and the
+#: one build variable are read without their modules.
+NOT_FOR_THE_NATIVE_PATH = ("opcode", "types", "_json", "hashlib", "_sha2", "_sha256")
+
+
+def test_loading_the_native_code_imports_no_parser_hash_or_build_data():
+    added, backend = _added_by_boot()
+    assert backend == expected_backend()
+    assert sorted(added & set(NOT_FOR_THE_NATIVE_PATH)) == []
+    assert not [m for m in added if m.startswith("_sysconfigdata")]
+    if sys.version_info < (3, 12):
+        assert "monstack._sysmon" not in added  # (3.11: sys.monitoring's absence is a fact in _env)
+
+
 def test_the_dump_signal_loads_its_module_at_start_up_only_when_set():
     added, _backend = _added_by_boot(MONSTACK_DUMP_SIGNAL="USR1")
     assert "monstack._dumpsig" in added
