@@ -279,20 +279,27 @@ static inline Py_ssize_t frame_lasti(_PyInterpreterFrame *f)
     return (Py_ssize_t)(f->prev_instr - _PyCode_CODE(f->f_code)) * (Py_ssize_t)sizeof(_Py_CODEUNIT);
 }
 
+/* lasti_int's first use of an offset: make its int and keep it in the table. */
+__attribute__((noinline, cold)) static PyObject *lasti_int_first(Py_ssize_t half)
+{
+    PyObject *li = DATA.PyLong_FromSsize_t(half * 2);
+    if (li != 0) {
+        DATA.lasti_ints[half] = li; /* the table's reference, never released */
+        ms_incref(li);
+    }
+    return li;
+}
+
 /* The int `lasti` (a new reference; NULL with an exception set on failure): one kept
  * for good per even offset below 2 * MS_LASTI_INTS, so that pushes do not allocate for
  * the call sites of all but huge functions (the GIL serialises the first use). */
-static PyObject *lasti_int(Py_ssize_t lasti)
+static inline __attribute__((always_inline)) PyObject *lasti_int(Py_ssize_t lasti)
 {
     Py_ssize_t half = lasti >> 1;
     if (LIKELY(lasti >= 0 && (lasti & 1) == 0 && half < MS_LASTI_INTS)) {
         PyObject *li = DATA.lasti_ints[half];
         if (UNLIKELY(li == 0)) {
-            li = DATA.PyLong_FromSsize_t(lasti);
-            if (li == 0) {
-                return 0;
-            }
-            DATA.lasti_ints[half] = li; /* the table's reference, never released */
+            return lasti_int_first(half);
         }
         ms_incref(li);
         return li;
