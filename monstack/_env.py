@@ -166,17 +166,3 @@ DELEGATION_OP: int = OPCODES["RESUME" if RESUME_AFTER_YIELD else "YIELD_VALUE"]
 NO_SYSMON_REASON = None if HAS_SYSMON else (
     f"sys.monitoring needs CPython 3.12+ (this is {IMPLEMENTATION} {'.'.join(map(str, PYVERSION))})"
 )
-
-
-def sha256_hex(data: bytes) -> str:
-    """sha256 of ``data`` with CPython's built-in implementation when there is one
-    (``_sha2`` on 3.12+, ``_sha256`` on 3.11): ``hashlib`` loads OpenSSL, ~5 ms at start-up
-    just to check the stored machine code against its manifest."""
-    try:
-        from _sha2 import sha256  # type: ignore[import-not-found]
-    except ImportError:
-        try:
-            from _sha256 import sha256  # type: ignore[import-not-found,no-redef]
-        except ImportError:
-            from hashlib import sha256  # type: ignore[no-redef]
-    return sha256(data).hexdigest()

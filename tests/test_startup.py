@@ -292,13 +292,8 @@ def test_pip_install_editable_puts_the_pth_in_site_packages_and_uninstall_remove
 
 
 def test_checking_stored_machine_code_does_not_load_openssl():
-    """install() verifies the native code against its manifest with CPython's built-in
-    sha256, not hashlib (which loads OpenSSL: milliseconds of start-up for MONSTACK=1)."""
-    import hashlib
-
-    from monstack import _env
-
-    assert _env.sha256_hex(b"monstack") == hashlib.sha256(b"monstack").hexdigest()
+    """install() checks the native code against its manifest with an integer checksum, not
+    hashlib (which loads OpenSSL: milliseconds of start-up for MONSTACK=1)."""
     code = "import sys, monstack; monstack.install(); print(monstack.active_backend(), 'hashlib' in sys.modules)"
     env = {k: v for k, v in os.environ.items() if not k.startswith("MONSTACK")}
     root = str(Path(__file__).resolve().parent.parent)
