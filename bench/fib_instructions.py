@@ -8,7 +8,8 @@ clock is not). ``MODE N`` runs fib(N) once under MODE:
                own event dispatch, the floor for any callback;
   empty        the same through cfunction_vectorcall (``_accel.empty_callback()``);
   native       monstack, track='all', native callbacks;
-  python       monstack, track='all', pure-Python callbacks.
+  python       monstack, track='all', pure-Python callbacks;
+  evalframe    monstack, track='all', the 3.11 shim (CPython 3.11 only).
 
 Per call = (instructions at fib(20) - at fib(12)) / 21426 calls::
 
@@ -21,7 +22,6 @@ Per call = (instructions at fib(20) - at fib(12)) / 21426 calls::
 import sys
 
 import monstack
-from monstack import _accel
 
 EVENTS = ("PY_START", "PY_RESUME", "PY_THROW", "PY_RETURN", "PY_YIELD", "PY_UNWIND")
 
@@ -34,6 +34,8 @@ def main() -> None:
     mode, n = sys.argv[1], int(sys.argv[2])
     fib(10)
     if mode in ("empty", "emptydirect"):
+        from monstack import _accel  # (3.12+)
+
         noop = _accel.empty_callback()
         if mode == "emptydirect":
             noop = _accel._direct(noop, _accel._blob, "ms_vc_probe")  # returns the callable: not DISABLE
@@ -46,6 +48,8 @@ def main() -> None:
         mon.set_events(5, ev)
     elif mode in ("native", "python"):
         monstack.install(backend="monitoring", track="all", propagate=False, accelerator=mode == "native")
+    elif mode == "evalframe":
+        monstack.install(backend="evalframe", track="all", propagate=False)
     elif mode != "none":
         raise SystemExit(f"unknown mode {mode!r}")
     fib(8)
