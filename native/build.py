@@ -40,7 +40,13 @@ different addresses. The same compiler version and headers give the same bytes (
 debug info, no build paths, no timestamps): ``--check`` relies on that.
 
 Headers come from an interpreter of the target version found through pyenv or PATH, or
-from ``--include 3.12=/path/to/include/python3.12``.
+from ``--include 3.12=/path/to/include/python3.12``. Where ``pyconfig.h`` is Debian's
+multiarch wrapper, the target architecture's own ``pyconfig.h``
+(``<triplet>/python3.X/pyconfig.h``) is looked for beside the headers, then under each
+``--multiarch DIR`` (default: ``$MONSTACK_MULTIARCH_INCLUDE``, ``os.pathsep``-separated):
+an x86-64 host's 3.14 headers serve an aarch64 build with the arm64 package's
+``pyconfig.h`` (``tools/aarch64_qemu.sh`` unpacks it). Without it, that architecture is
+skipped with the reason.
 """
 
 from __future__ import annotations
@@ -130,6 +136,10 @@ TOOLS = {
     "aarch64": {k: "aarch64-linux-gnu-" + v for k, v in
                 {"cc": "gcc", "ld": "ld", "objcopy": "objcopy", "nm": "nm", "readelf": "readelf"}.items()},
 }
+#: Debian's multiarch triplets: where each architecture's ``pyconfig.h`` lives.
+TRIPLETS = {"x86_64": "x86_64-linux-gnu", "aarch64": "aarch64-linux-gnu"}
+#: Where else to look for a multiarch ``pyconfig.h`` (``--multiarch``).
+MULTIARCH_ROOTS: List[str] = [d for d in os.environ.get("MONSTACK_MULTIARCH_INCLUDE", "").split(os.pathsep) if d]
 #: On an aarch64 host, its native tools are the plain names.
 if platform.machine() == "aarch64":  # pragma: no cover - depends on the host
     TOOLS["aarch64"] = dict(TOOLS["x86_64"])
@@ -241,21 +251,27 @@ def find_include(version: str, required: Tuple[str, ...] = ("Python.h",)) -> Opt
     return None
 
 
-def multiarch_dirs(include_dir: str) -> List[str]:
-    """Extra include directories the headers need: Debian's ``pyconfig.h`` is a wrapper
-    that includes ``<x86_64-linux-gnu/python3.X/pyconfig.h>`` (one per architecture),
-    which lives under the parent of the include directory (``sysconfig``'s
-    ``INCLUDEPY``): that parent, searched after the system directories. None for a
-    ``pyconfig.h`` that is the real one (pyenv, python.org builds)."""
+def multiarch_dirs(include_dir: str, arch: str) -> List[str]:
+    """Extra include directories the headers need for ``arch``: Debian's ``pyconfig.h``
+    is a wrapper that includes ``<x86_64-linux-gnu/python3.X/pyconfig.h>`` (one per
+    architecture), which lives under the parent of the include directory (``sysconfig``'s
+    ``INCLUDEPY``) or, for another architecture's, under a ``--multiarch`` directory:
+    the first that has it, searched after the system directories. None for a
+    ``pyconfig.h`` that is the real one (pyenv, python.org builds). BuildError when the
+    wrapper names no ``pyconfig.h`` for ``arch`` that is found."""
     try:
         with open(os.path.join(include_dir, "pyconfig.h")) as f:
             wrapped = re.findall(r"^\s*#\s*include\s*<([\w.-]+/python3\.\d+t?/pyconfig\.h)>", f.read(), re.M)
     except OSError:
         return []
-    parent = os.path.dirname(os.path.normpath(include_dir))
-    if wrapped and any(os.path.isfile(os.path.join(parent, w)) for w in wrapped):
-        return [parent]
-    return []
+    if not wrapped:
+        return []
+    mine = [w for w in wrapped if w.startswith(TRIPLETS[arch] + "/")]
+    for d in [os.path.dirname(os.path.normpath(include_dir)), *MULTIARCH_ROOTS]:
+        if any(os.path.isfile(os.path.join(d, w)) for w in mine):
+            return [d]
+    want = mine[0] if mine else f"{TRIPLETS[arch]}/python3.X/pyconfig.h"
+    raise BuildError(f"no {want} for Debian's multiarch pyconfig.h (--multiarch DIR)")
 
 
 def header_version(include_dir: str) -> str:
@@ -372,7 +388,8 @@ def build_arch(target: Target, arch: str, include: str, outdir: str) -> dict:
         for name in target.sources:
             shutil.copy(os.path.join(HERE, name), os.path.join(tmp, name))
         obj = os.path.join(tmp, "blob.o")
-        extra = [a for d in multiarch_dirs(include) for a in (f"-ffile-prefix-map={d}=include-multiarch", "-idirafter", d)]
+        extra = [a for d in multiarch_dirs(include, arch)
+                 for a in (f"-ffile-prefix-map={d}=include-multiarch", "-idirafter", d)]
         run([TOOLS[arch]["cc"], *cflags, f"-ffile-prefix-map={tmp}=.", f"-ffile-prefix-map={include}=include",
              "-I", include, *extra, "-c", target.sources[0], "-o", obj], cwd=tmp)
         check_object(target, arch, obj)
@@ -428,7 +445,7 @@ def describe_sysmon(arch: str, image: bytes, symbols: Dict[str, int]) -> tuple:
 def read_offsets(arch: str, cflags: List[str], include: str, srcdir: str) -> Dict[str, int]:
     """The shim's struct offsets, read from the assembly of offsets.c (cross builds
     need not run target code)."""
-    extra = [a for d in multiarch_dirs(include) for a in ("-idirafter", d)]
+    extra = [a for d in multiarch_dirs(include, arch) for a in ("-idirafter", d)]
     asm = run([TOOLS[arch]["cc"], *cflags, "-I", include, *extra, "-S", "-o", "-", "offsets.c"], cwd=srcdir)
     out: Dict[str, int] = {}
     pat = re.compile(r"^ms_off__(\w+):\s*\n\s*\.(quad|xword|8byte|zero)\s+(\d+)", re.M)
@@ -539,6 +556,10 @@ def why_not(t: Target, arch: str, include: Optional[str], stored: Optional[dict]
     why = have_tools(arch)
     if why:
         return why
+    try:
+        multiarch_dirs(include, arch)
+    except BuildError as exc:
+        return str(exc)
     entry = (stored or {}).get("arches", {}).get(arch)
     if entry is not None:
         if compiler_version(arch) != entry["compiler"]:
@@ -705,8 +726,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--arch", action="append", default=None, choices=ARCHES,
                     help="architectures (repeatable; default: the shipped ones of each blob)")
     ap.add_argument("--include", action="append", default=[], metavar="3.X=DIR", help="CPython headers for a version")
+    ap.add_argument("--multiarch", action="append", default=[], metavar="DIR",
+                    help="where else to find <triplet>/python3.X/pyconfig.h for Debian's multiarch "
+                         "pyconfig.h (repeatable; default: $MONSTACK_MULTIARCH_INCLUDE)")
     ap.add_argument("--out", default=OUT_DIR, help="blob directory (default: monstack/_native)")
     args = ap.parse_args(argv)
+    if args.multiarch:
+        MULTIARCH_ROOTS[:] = args.multiarch
     overrides = dict(item.split("=", 1) for item in args.include)
     unknown = set(args.only or ()) - {t.name for t in TARGETS}
     if unknown:

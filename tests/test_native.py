@@ -233,6 +233,32 @@ def test_shipped_blob_is_reproducible(name, arch):
     assert f"{name}-{arch}: identical" in out.stdout, out.stdout
 
 
+def test_multiarch_pyconfig_is_found_per_architecture(tmp_path, monkeypatch):
+    """Debian's pyconfig.h wraps one per architecture: each build looks for its own,
+    beside the headers, then under --multiarch; without it that architecture cannot be
+    built (skipped with the reason), the other still can."""
+    build = _build_module()
+    inc = tmp_path / "usr" / "include" / "python3.14"
+    inc.mkdir(parents=True)
+    (inc / "pyconfig.h").write_text(
+        "#if defined(__x86_64__)\n#  include <x86_64-linux-gnu/python3.14/pyconfig.h>\n"
+        "#elif defined(__aarch64__)\n#  include <aarch64-linux-gnu/python3.14/pyconfig.h>\n#endif\n")
+    x86 = tmp_path / "usr" / "include" / "x86_64-linux-gnu" / "python3.14"
+    x86.mkdir(parents=True)
+    (x86 / "pyconfig.h").write_text("")
+    arm_root = tmp_path / "arm64" / "usr" / "include"
+    (arm_root / "aarch64-linux-gnu" / "python3.14").mkdir(parents=True)
+    (arm_root / "aarch64-linux-gnu" / "python3.14" / "pyconfig.h").write_text("")
+    monkeypatch.setattr(build, "MULTIARCH_ROOTS", [])
+    assert build.multiarch_dirs(str(inc), "x86_64") == [str(tmp_path / "usr" / "include")]
+    with pytest.raises(build.BuildError, match="no aarch64-linux-gnu/python3.14/pyconfig.h"):
+        build.multiarch_dirs(str(inc), "aarch64")
+    monkeypatch.setattr(build, "MULTIARCH_ROOTS", [str(tmp_path / "elsewhere"), str(arm_root)])
+    assert build.multiarch_dirs(str(inc), "aarch64") == [str(arm_root)]
+    (inc / "pyconfig.h").write_text("#define SIZEOF_LONG 8\n")  # a real one (pyenv): nothing to add
+    assert build.multiarch_dirs(str(inc), "aarch64") == []
+
+
 def test_build_refuses_external_symbols(tmp_path):
     build = _build_module()
     if build.have_tools("x86_64"):
