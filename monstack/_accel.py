@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 MAGIC = 0x6D6F6E73796D6F6E  # "monsymon", struct ms_api in native/sysmon.c
 STATE_NAME = b"monstack.sysmon_native.state"
 COUNTERS = ("push_known", "push_unknown", "pop", "seed", "resync", "decide", "errors", "cache_miss", "events",
-            "linked", "reused")
+            "linked", "reused", "unwind_filtered")
 
 _lock = _thread.allocate_lock()
 #: None before the first check, then "" (the native callbacks can run) or why not.

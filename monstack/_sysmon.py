@@ -249,7 +249,13 @@ def _callbacks(policy: Policy, tls, on_error: Callable[[BaseException], None]):
         return None
 
     def on_unwind(code: CodeType, offset: int, exc: BaseException):
+        # PY_UNWIND cannot be disabled: filtered code reports every frame an exception
+        # leaves, often on a thread with no stack (where reading tls.cell raises). Its
+        # code has no node on any stack (every stack is built under this policy since
+        # start()): nothing to pop, so it is asked about first.
         try:
+            if code.co_filename not in tracked_set and not decide(code):
+                return
             try:
                 cell = tls.cell
             except AttributeError:
@@ -259,8 +265,7 @@ def _callbacks(policy: Policy, tls, on_error: Callable[[BaseException], None]):
                 if top is not None and top[0] is code:
                     cell[0] = top[1]
                     return
-            if code.co_filename in tracked_set or decide(code):
-                resync()
+            resync()  # tracked code whose node is not the top
         except Exception as err:
             on_error(err)
 

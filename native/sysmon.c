@@ -341,7 +341,7 @@ struct ms_state {
 #endif
     /* counters (read by tests through ms_counters) */
     int64_t n_push_known, n_push_unknown, n_pop, n_seed, n_resync, n_decide, n_errors, n_cache_miss, n_linked;
-    int64_t n_events, n_reused;
+    int64_t n_events, n_reused, n_unwind_filtered;
 };
 
 /* The capsule's pointer, read directly (PyCapsule_GetPointer compares names with
@@ -1064,6 +1064,22 @@ __attribute__((always_inline)) static inline PyObject *ms_leave_fast(struct ms_s
     return NONE;
 }
 
+/* PY_UNWIND: an exception leaves the frame. The event cannot be disabled per code
+ * object, so every frame of filtered code an exception leaves reports it, on threads
+ * that may never have run tracked code (no cell: the lookup would take the slow path
+ * each time). A filtered code object (its decision cached for this state's policy)
+ * has no node on any thread's stack: every stack is seeded and pushed under that
+ * policy since the state was made (start() forgets the older ones). Nothing to pop. */
+__attribute__((always_inline)) static inline PyObject *ms_unwind_fast(struct ms_state *st, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (LIKELY(nargs >= 1 && IS_TYPE(args[0], code_type)) && ms_cached_decision(st, args[0]) == 0) {
+        st->n_events++;
+        st->n_unwind_filtered++;
+        return NONE;
+    }
+    return ms_leave_fast(st, args, nargs, 0);
+}
+
 static inline int ms_check_args(PyObject *const *args, Py_ssize_t nargs)
 {
     if (UNLIKELY(nargs < 1 || !IS_TYPE(args[0], code_type))) {
@@ -1254,7 +1270,7 @@ PyObject *ms_on_yield(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 __attribute__((used, noinline))
 PyObject *ms_on_unwind(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    MS_FAST_OR(ms_leave_fast(st, args, nargs, 0), ms_full_unwind);
+    MS_FAST_OR(ms_unwind_fast(st, args, nargs), ms_full_unwind);
 }
 
 /* The same callbacks as vectorcall functions. The loader writes them into the
@@ -1300,7 +1316,7 @@ MS_VC(ms_vc_start, ms_enter_fast(st, args, nargs), ms_full_start)
 MS_VC(ms_vc_throw, ((void)st, (PyObject *)NULL), ms_full_throw)
 MS_VC(ms_vc_return, ms_leave_fast(st, args, nargs, 0), ms_full_return)
 MS_VC(ms_vc_yield, ms_leave_fast(st, args, nargs, 1), ms_full_yield)
-MS_VC(ms_vc_unwind, ms_leave_fast(st, args, nargs, 0), ms_full_unwind)
+MS_VC(ms_vc_unwind, ms_unwind_fast(st, args, nargs), ms_full_unwind)
 
 /* snapshot_fast() -> (top, lasti) or None. The O(1) case of a snapshot, natively:
  * called from monstack.snapshot(), it looks at snapshot()'s caller (the frame before
@@ -1848,14 +1864,14 @@ PyObject *ms_counters(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         API.PyErr_SetString((PyObject *)API.exc_type, "counters(): not a live state");
         return NULL;
     }
-    int64_t vals[11] = {st->n_push_known, st->n_push_unknown, st->n_pop, st->n_seed,
+    int64_t vals[12] = {st->n_push_known, st->n_push_unknown, st->n_pop, st->n_seed,
                         st->n_resync, st->n_decide, st->n_errors, st->n_cache_miss, st->n_events,
-                        st->n_linked, st->n_reused};
-    PyObject *out = API.PyTuple_New(11);
+                        st->n_linked, st->n_reused, st->n_unwind_filtered};
+    PyObject *out = API.PyTuple_New(12);
     if (out == NULL) {
         return NULL;
     }
-    for (int i = 0; i < 11; i++) {
+    for (int i = 0; i < 12; i++) {
         PyObject *v = API.PyLong_FromLong((long)vals[i]);
         if (v == NULL) {
             ms_decref(out);

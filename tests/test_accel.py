@@ -37,7 +37,7 @@ OK = WHY is None
 SUPPORTED = (
     sys.platform.startswith("linux")
     and sys.version_info[:2] in ((3, 12), (3, 13), (3, 14), (3, 15))
-    and (_native.machine() == "x86_64" or (_native.machine(), sys.version_info[:2]) == ("aarch64", (3, 13)))
+    and (_native.machine() == "x86_64" or (_native.machine() == "aarch64" and sys.version_info[:2] >= (3, 13)))
     and not sysconfig.get_config_var("Py_GIL_DISABLED")
     and not hasattr(sys, "gettotalrefcount")
 )
@@ -435,6 +435,71 @@ def test_policy_asked_once_per_file_and_filtered_code_disabled(tmp_path):
         m.lib2(1)
         m.lib(2)
         assert native_counters()["decide"] - c0 == 1  # one file, one decision
+
+
+@pytest.mark.parametrize("native", [pytest.param(True, marks=needs_native), False], ids=["native", "python"])
+def test_exceptions_through_filtered_frames_take_the_fast_path(tmp_path, native):
+    # PY_UNWIND cannot be disabled per code object: each filtered frame an exception
+    # leaves reports it. Its code's decision is known, so the event pops nothing (the
+    # native callbacks: on the fast path, without looking the thread's stack up);
+    # tracked frames around it keep their nodes.
+    mod = tmp_path / "accel_unwind_mod.py"
+    mod.write_text(
+        "def inner(i):\n    raise KeyError(i)\n\n"
+        "def middle(i):\n    return inner(i)\n\n"
+        "def outer(i, check):\n"
+        "    try:\n        middle(i)\n    except KeyError:\n        return check()\n\n"
+        "def loop(n):\n    c = 0\n    for i in range(n):\n"
+        "        try:\n            middle(i)\n        except KeyError:\n            c += 1\n    return c\n"
+    )
+    sys.path.insert(0, str(tmp_path))
+    try:
+        import accel_unwind_mod as m
+    finally:
+        sys.path.remove(str(tmp_path))
+
+    def tracked_catcher(i):
+        try:
+            m.middle(i)
+        except KeyError:
+            return shadow_records(monstack.snapshot()) == real_records()
+
+    counters = native_counters if native else (lambda: dict.fromkeys(("unwind_filtered", "decide", "resync",
+                                                                       "cache_miss", "errors", "pop"), 0))
+    stats = dict(_stack.STATS)
+    with tracking(native, exclude=["accel_unwind_mod"]):
+        assert tracked_catcher(0)
+        c1 = counters()
+        results = [tracked_catcher(i) for i in range(100)]
+        c2 = counters()
+        assert results == [True] * 100
+        assert c2["decide"] == c1["decide"] and c2["resync"] == c1["resync"]
+        # a filtered frame that catches: the tracked caller's node stays, the check's too
+        assert m.outer(1, lambda: shadow_records(monstack.snapshot()) == real_records())
+        # a thread that runs filtered code only has no stack at all: no lookup either
+        out = []
+        t = threading.Thread(target=lambda: out.append(m.loop(100)))
+        c3 = counters()
+        t.start()
+        t.join()
+        c4 = counters()
+        assert out == [100]
+        assert tracked_catcher(1)
+        if native:
+            assert c2["unwind_filtered"] - c1["unwind_filtered"] == 200  # inner and middle, each time
+            assert c4["unwind_filtered"] - c3["unwind_filtered"] >= 200
+            assert c4["cache_miss"] - c3["cache_miss"] < 20  # (its first events: start, return)
+        assert counters()["errors"] == 0
+    assert _stack.STATS["resync"] == stats["resync"]
+    if not native:
+        return
+    with tracking(True, track="all"):
+        assert tracked_catcher(0)
+        c1 = native_counters()
+        assert tracked_catcher(1)
+        c2 = native_counters()
+        assert c2["unwind_filtered"] == c1["unwind_filtered"]  # tracked frames pop their nodes
+        assert c2["pop"] - c1["pop"] >= 2
 
 
 @needs_native
