@@ -5,23 +5,308 @@ every start-up, and compiling this logic there cost as much as importing three o
 monstack's modules; a module's bytecode is cached. Outside the ``monstack`` package on
 purpose: what it guards against is importing that package failing (a broken install),
 which costs one line on stderr instead of site.py's traceback.
+
+**The start-up cache.** Importing a module through the import system costs ~0.35M
+instructions before its own code runs (finders, module locks, reading and checking its
+``.pyc``), and the boot imports about 17 of monstack's modules: a fifth of what
+``MONSTACK=1`` adds to ``python -c pass``. So the first start-up records, in one file
+beside this module's bytecode (``__pycache__/_monstack_boot.<cache tag>[.opt-N].modules``),
+the code of each monstack module the boot imported, with its source's size and
+modification time, and in which order the modules started and finished. A later start-up
+checks every recorded source (one ``stat`` each) and, when all match:
+
+- the modules ``import monstack._startup`` imports (module-level imports only: the same
+  set whatever the settings) are created as the import system creates them (the same
+  spec, loader and attributes) and their recorded code runs, dependencies first;
+- the modules the boot imports on demand (the backend's, which depend on the settings)
+  are served from the recorded code by a meta path finder, only when imported.
+
+It is used only where a regular import would find this very package (the standard
+finders, no earlier ``monstack`` on ``sys.path``); anything else (a missing or stale file,
+a shadowing package, an import hook, code that raises) takes the regular imports, and a
+start-up that imported something not recorded writes the file again, as the import system
+writes ``.pyc`` files (not under ``-B``/``PYTHONDONTWRITEBYTECODE``; never an error).
 """
 
 import sys
+
+#: How the last boot imported monstack: "cache" (the start-up cache), "imports" (the
+#: import system), or "" (not booted in this process).
+route = ""
+
+_FORMAT = 1  # the cache file's layout
+_OFF = ("", "0", "false", "no", "off")
 
 
 def main() -> None:
     """Boot monstack once per process (site.py may process a venv's ``.pth`` files twice)."""
     import os
 
-    if os.environ.get("MONSTACK", "").strip().lower() in ("", "0", "false", "no", "off") or hasattr(sys, "_monstack_pth"):
+    if os.environ.get("MONSTACK", "").strip().lower() in _OFF or hasattr(sys, "_monstack_pth"):
         return
     sys._monstack_pth = 1  # type: ignore[attr-defined]
     try:
-        import monstack._startup as m
-
-        m.boot()
+        _boot(os)
     except Exception as e:
         sys.stderr.write(
             "monstack: MONSTACK is set but monstack cannot start (%s: %s); running without it\n" % (type(e).__name__, e)
         )
+
+
+def _boot(os) -> None:
+    global route
+    try:
+        cache = _Cache.for_this_interpreter(os)
+    except Exception:  # (an unusual import set-up): the import system alone
+        cache = None
+    if cache is None:  # the cache cannot apply here: the import system alone
+        route = "imports"
+        import monstack._startup as startup
+
+        startup.boot()
+        return
+    sys.meta_path.insert(0, cache)
+    try:
+        startup = cache.run_recorded()
+        route = "cache" if startup is not None else "imports"
+        if startup is None:
+            import monstack._startup as startup
+        cache.eager = False  # from here on: what the boot imports on demand
+        startup.boot()
+    finally:
+        if cache in sys.meta_path:
+            sys.meta_path.remove(cache)
+    cache.save()
+
+
+class _Cache:
+    """The start-up cache: a meta path finder and loader for monstack's modules while the
+    boot runs, which records what it loads through the import system."""
+
+    def __init__(self, os, base: str, path: str) -> None:
+        self.os = os
+        self.base = base  # the directory holding this module and the package, with a separator
+        self.path = path  # the cache file
+        self.eager = True  # recording what ``import monstack._startup`` imports
+        self.complete = True  # every monstack module imported was recorded
+        self.changed = False  # something to write
+        self.started: list = []  # the eager modules, in the order they started
+        self.finished: list = []  # ... and finished (dependencies first)
+        self.entries: dict = {}  # name -> (path below base, mtime_ns, size, code, eager,
+        #   .pyc path below base or None, what its body imported: names, in the order they finished)
+        self.loaders: dict = {}  # name -> the real loader, while its module loads
+        self.done: list = []  # every monstack module this boot ran, in the order they finished
+
+    @classmethod
+    def for_this_interpreter(cls, os):
+        """The cache, or None where a regular import would not find this directory's package."""
+        external = sys.modules["_frozen_importlib_external"]
+        here = __file__
+        base = here[: here.rfind(os.sep) + 1]
+        # Where the import system would find the package: its own search, every finder
+        # on sys.meta_path in order (an import hook ahead of the path finder decides).
+        spec = sys.modules["_frozen_importlib"]._find_spec("monstack", None)
+        if spec is None or spec.origin != base + "monstack" + os.sep + "__init__.py":
+            return None
+        if type(spec.loader) is not external.SourceFileLoader:
+            return None
+        try:
+            path = external.cache_from_source(here)
+        except (NotImplementedError, ValueError):  # no cache tag
+            return None
+        return cls(os, base, path[: path.rfind(".")] + ".modules")
+
+    # -- reading and running --------------------------------------------------------------
+
+    def run_recorded(self):
+        """Run the recorded start-up modules; ``monstack._startup``, or None (not usable)."""
+        try:
+            with open(self.path, "rb") as f:
+                data = f.read()
+        except OSError:
+            return None
+        try:
+            started, finished, entries = self._check(data)
+        except Exception:  # unreadable, another layout, a source changed or gone
+            return None
+        if any(name in sys.modules for name in started):
+            return None
+        self.entries = entries
+        self.started, self.finished = list(started), list(finished)
+        module_from_spec = sys.modules["_frozen_importlib"].module_from_spec
+        modules: dict = {}
+        try:
+            for name in started:
+                spec = self._spec(name)
+                modules[name] = module_from_spec(spec)
+                spec._initializing = False  # as the import system leaves it
+            for name in started:
+                sys.modules[name] = modules[name]
+            for name in finished:
+                module = modules[name]
+                exec(self._code(name), module.__dict__)
+                sys.modules[name] = sys.modules.pop(name)  # (the import system's order: as finished)
+                parent, _, child = name.rpartition(".")
+                if parent:
+                    setattr(sys.modules[parent], child, module)
+        except Exception:  # the import system will say what is wrong, or do better
+            for name, module in modules.items():
+                if sys.modules.get(name) is module:
+                    del sys.modules[name]
+            self.entries, self.started, self.finished = {}, [], []
+            return None
+        return modules["monstack._startup"]
+
+    def _check(self, data: bytes):
+        """The recorded lists and entries, if every recorded source is unchanged (raises if not)."""
+        import marshal
+
+        form, magic, started, finished, entries = marshal.loads(data)
+        if form != _FORMAT or magic != sys.modules["_frozen_importlib_external"].MAGIC_NUMBER:
+            raise ValueError("another layout or interpreter")
+        if "monstack" not in finished or "monstack._startup" not in finished:
+            raise ValueError("incomplete")
+        stat = self.os.stat
+        for rel, mtime, size, _code, _eager, _cached, _deps in entries.values():
+            st = stat(self.base + rel)
+            if st.st_mtime_ns != mtime or st.st_size != size:
+                raise ValueError("changed: " + rel)
+        return started, finished, entries
+
+    def _spec(self, name: str):
+        """The spec the path finder would make for a recorded module (made directly:
+        ``spec_from_file_location`` and computing ``cached`` cost more than the rest)."""
+        external = sys.modules["_frozen_importlib_external"]
+        entry = self.entries[name]
+        origin = self.base + entry[0]
+        package = origin.endswith("__init__.py")
+        spec = sys.modules["_frozen_importlib"].ModuleSpec(
+            name, external.SourceFileLoader(name, origin), origin=origin, is_package=package
+        )
+        spec.has_location = True
+        if entry[5] is not None:
+            spec.cached = self.base + entry[5]
+        if package:
+            spec.submodule_search_locations.append(origin[: origin.rfind(self.os.sep)])
+        return spec
+
+    def _code(self, name: str):
+        entry = self.entries[name]
+        code = entry[3]
+        sys.modules["_imp"]._fix_co_filename(code, self.base + entry[0])  # as a .pyc load does
+        return code
+
+    # -- the finder and loader protocol (the modules imported while the boot runs) -------
+
+    def find_spec(self, name: str, path=None, target=None):
+        if name != "monstack" and not name.startswith("monstack."):
+            return None
+        try:
+            return self._find_spec(name, path, target)
+        except Exception:  # (never expected): the other finders, as without the cache
+            self.complete = False
+            return None
+
+    def _find_spec(self, name: str, path, target):
+        external = sys.modules["_frozen_importlib_external"]
+        if name in self.entries and not self.eager:
+            spec = self._spec(name)
+        else:
+            if name == "monstack":  # where the import system finds it (for_this_interpreter)
+                origin = self.base + "monstack" + self.os.sep + "__init__.py"
+                spec = external.spec_from_file_location(
+                    name, origin, loader=external.SourceFileLoader(name, origin),
+                    submodule_search_locations=[origin[: origin.rfind(self.os.sep)]],
+                )
+            else:
+                spec = external.PathFinder.find_spec(name, path, target)
+            if spec is None:  # (another finder's, or none): not recorded
+                self.complete = False
+                return None
+            if type(spec.loader) is not external.SourceFileLoader:
+                self.complete = False  # (sourceless, an extension...): not recorded
+                return spec
+            if self.eager:
+                self.started.append(name)
+        self.loaders[name] = spec.loader
+        spec.loader = self
+        return spec
+
+    def create_module(self, spec):
+        return None
+
+    def exec_module(self, module) -> None:
+        name = module.__name__
+        loader = self.loaders.pop(name)
+        module.__loader__ = module.__spec__.loader = loader  # what the program sees
+        start = len(self.done)
+        entry = self.entries.get(name)
+        if entry is not None:
+            # What this module's body imported when it was recorded, run first without the
+            # import system (the body imports the same modules whatever the settings).
+            for dep in entry[6]:
+                if dep not in sys.modules and dep in self.entries:
+                    self._run_direct(dep)
+            exec(self._code(name), module.__dict__)
+            self.done.append(name)
+            return
+        origin = module.__spec__.origin
+        st = self.os.stat(origin)  # before reading the code: an edit in between shows next time
+        code = loader.get_code(name)
+        exec(code, module.__dict__)
+        if not origin.startswith(self.base):
+            self.complete = False
+            return
+        cached = module.__spec__.cached
+        cached = cached[len(self.base) :] if cached and cached.startswith(self.base) else None
+        deps = () if self.eager else tuple(self.done[start:])
+        self.entries[name] = (origin[len(self.base) :], st.st_mtime_ns, st.st_size, code, self.eager, cached, deps)
+        if self.eager:
+            self.finished.append(name)
+        self.done.append(name)
+        self.changed = True
+
+    def _run_direct(self, name: str) -> None:
+        """Create and run a recorded module as the import system would, without it."""
+        spec = self._spec(name)
+        module = sys.modules["_frozen_importlib"].module_from_spec(spec)
+        spec._initializing = False
+        sys.modules[name] = module
+        try:
+            exec(self._code(name), module.__dict__)
+        except BaseException:
+            if sys.modules.get(name) is module:
+                del sys.modules[name]
+            raise
+        sys.modules[name] = sys.modules.pop(name)
+        parent, _, child = name.rpartition(".")
+        if parent:
+            setattr(sys.modules[parent], child, module)
+        self.done.append(name)
+
+    # -- writing --------------------------------------------------------------------------
+
+    def save(self) -> None:
+        """Write the cache if this boot recorded something new; never raises."""
+        if not self.changed or not self.complete or sys.dont_write_bytecode:
+            return
+        if "monstack" not in self.finished or "monstack._startup" not in self.finished:
+            return
+        os = self.os
+        tmp = "%s.%d.tmp" % (self.path, os.getpid())
+        try:
+            import marshal
+
+            external = sys.modules["_frozen_importlib_external"]
+            data = marshal.dumps(
+                (_FORMAT, external.MAGIC_NUMBER, tuple(self.started), tuple(self.finished), self.entries)
+            )
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            with open(tmp, "wb") as f:
+                f.write(data)
+            os.replace(tmp, self.path)
+        except Exception:  # a read-only directory, a full disk: the next boot imports again
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
