@@ -11,9 +11,11 @@ instructions before its own code runs (finders, module locks, reading and checki
 ``.pyc``), and the boot imports about 17 of monstack's modules: a fifth of what
 ``MONSTACK=1`` adds to ``python -c pass``. So the first start-up records, in one file
 beside this module's bytecode (``__pycache__/_monstack_boot.<cache tag>[.opt-N].modules``),
-the code of each monstack module the boot imported, with its source's size and
-modification time, and in which order the modules started and finished. A later start-up
-checks every recorded source (one ``stat`` each) and, when all match:
+the code of each monstack module the boot imported (compiled with its
+``from __future__ import annotations`` as a compiler flag, not a statement that imports
+``__future__``), with its source's size and modification time, and in which order the
+modules started and finished. A later start-up checks every recorded source (one
+``stat`` each) and, when all match:
 
 - the modules ``import monstack._startup`` imports (module-level imports only: the same
   set whatever the settings) are created as the import system creates them (the same
@@ -34,7 +36,8 @@ import sys
 #: import system), or "" (not booted in this process).
 route = ""
 
-_FORMAT = 1  # the cache file's layout
+_FORMAT = 2  # the cache file's layout (2: code compiled by _compile)
+_FUTURE = b"\nfrom __future__ import annotations\n"
 _OFF = ("", "0", "false", "no", "off")
 
 
@@ -77,6 +80,19 @@ def _boot(os) -> None:
         if cache in sys.meta_path:
             sys.meta_path.remove(cache)
     cache.save()
+
+
+def _compile(loader, name: str, origin: str):
+    """A module's code as its loader compiles it, except that the statement
+    ``from __future__ import annotations`` becomes the compiler flag it stands for: run, the
+    statement imports ``__future__`` (~0.5M instructions, a module the program never asked
+    for) to bind a name nothing reads. The line stays, blank: line numbers are unchanged."""
+    data = loader.get_data(origin)
+    if data.count(_FUTURE) != 1:
+        return loader.get_code(name)
+    # The flag the statement sets, as the compiler sees it (compiling does not import).
+    flag = compile(_FUTURE, "", "exec", dont_inherit=True).co_flags ^ compile(b"", "", "exec", dont_inherit=True).co_flags
+    return compile(data.replace(_FUTURE, b"\n\n"), origin, "exec", flags=flag, dont_inherit=True)
 
 
 class _Cache:
@@ -133,22 +149,14 @@ class _Cache:
             return None
         self.entries = entries
         self.started, self.finished = list(started), list(finished)
-        module_from_spec = sys.modules["_frozen_importlib"].module_from_spec
         modules: dict = {}
         try:
             for name in started:
-                spec = self._spec(name)
-                modules[name] = module_from_spec(spec)
-                spec._initializing = False  # as the import system leaves it
+                modules[name] = self._new(name)
             for name in started:
                 sys.modules[name] = modules[name]
             for name in finished:
-                module = modules[name]
-                exec(self._code(name), module.__dict__)
-                sys.modules[name] = sys.modules.pop(name)  # (the import system's order: as finished)
-                parent, _, child = name.rpartition(".")
-                if parent:
-                    setattr(sys.modules[parent], child, module)
+                self._run(name, modules[name])
         except Exception:  # the import system will say what is wrong, or do better
             for name, module in modules.items():
                 if sys.modules.get(name) is module:
@@ -189,6 +197,23 @@ class _Cache:
         if package:
             spec.submodule_search_locations.append(origin[: origin.rfind(self.os.sep)])
         return spec
+
+    def _new(self, name: str):
+        """A recorded module, created as the import system creates it (not yet run)."""
+        spec = self._spec(name)
+        module = sys.modules["_frozen_importlib"].module_from_spec(spec)
+        spec._initializing = False  # as the import system leaves it
+        return module
+
+    def _run(self, name: str, module) -> None:
+        """Run a recorded module (in ``sys.modules``) and finish as the import system
+        does: moved to the end of ``sys.modules`` (its order: as finished), an
+        attribute of its parent package."""
+        exec(self._code(name), module.__dict__)
+        sys.modules[name] = sys.modules.pop(name)
+        parent, _, child = name.rpartition(".")
+        if parent:
+            setattr(sys.modules[parent], child, module)
 
     def _code(self, name: str):
         entry = self.entries[name]
@@ -252,7 +277,7 @@ class _Cache:
             return
         origin = module.__spec__.origin
         st = self.os.stat(origin)  # before reading the code: an edit in between shows next time
-        code = loader.get_code(name)
+        code = _compile(loader, name, origin)
         exec(code, module.__dict__)
         if not origin.startswith(self.base):
             self.complete = False
@@ -268,20 +293,13 @@ class _Cache:
 
     def _run_direct(self, name: str) -> None:
         """Create and run a recorded module as the import system would, without it."""
-        spec = self._spec(name)
-        module = sys.modules["_frozen_importlib"].module_from_spec(spec)
-        spec._initializing = False
-        sys.modules[name] = module
+        module = sys.modules[name] = self._new(name)
         try:
-            exec(self._code(name), module.__dict__)
+            self._run(name, module)
         except BaseException:
             if sys.modules.get(name) is module:
                 del sys.modules[name]
             raise
-        sys.modules[name] = sys.modules.pop(name)
-        parent, _, child = name.rpartition(".")
-        if parent:
-            setattr(sys.modules[parent], child, module)
         self.done.append(name)
 
     # -- writing --------------------------------------------------------------------------

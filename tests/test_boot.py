@@ -45,6 +45,9 @@ print(json.dumps({
     "stack": [f.name for f in monstack.snapshot().frames],
     "code_file": monstack._install.install.__code__.co_filename,
     "extra": {k: getattr(sys.modules[k], "MARK", None) for k in names},
+    "future": "__future__" in sys.modules,
+    "hints": monstack._install.install.__annotations__,
+    "line": monstack._install.install.__code__.co_firstlineno,
 }))
 """
 
@@ -80,7 +83,7 @@ def boot(site: Path, *, path: list[Path] | None = None, write: bool = True, **en
 
 def same_view(a: dict, b: dict) -> None:
     """What the program sees is the same, whichever route the boot took."""
-    for key in ("order", "modules", "attrs", "backend", "stack", "code_file"):
+    for key in ("order", "modules", "attrs", "backend", "stack", "code_file", "hints", "line"):
         assert a[key] == b[key], key
 
 
@@ -96,6 +99,20 @@ def test_the_first_boot_records_and_the_next_runs_the_record_unchanged(site):
     assert {"monstack", "monstack._startup", "monstack._install"} <= set(second["order"])
     assert all(a["in_parent"] for n, a in second["attrs"].items() if n != "monstack")
     assert second["code_file"] == str(site / "monstack" / "_install.py")
+
+
+def test_the_recorded_code_keeps_the_annotations_and_lines_without_importing_future(site):
+    """``from __future__ import annotations`` becomes a compiler flag: the same string
+    annotations and line numbers as the source compiled as usual, and no ``__future__``."""
+    source = (site / "monstack" / "_install.py").read_text()
+    assert "\nfrom __future__ import annotations\n" in source
+    usual = compile(source, str(site / "monstack" / "_install.py"), "exec", dont_inherit=True)
+    expected_line = next(c.co_firstlineno for c in usual.co_consts if getattr(c, "co_name", "") == "install")
+    for view in (boot(site), boot(site)):  # recording, then the recorded code
+        assert view["future"] is False
+        assert view["line"] == expected_line
+        assert view["hints"] and all(isinstance(v, str) for v in view["hints"].values())
+    assert view["route"] == "cache"
 
 
 def test_without_writing_bytecode_nothing_is_written_and_the_imports_are_used(site):
