@@ -20,7 +20,9 @@ them), a fresh venv gets monstack from a wheel built once from a copy of this ch
 - with ``--valgrind``: instructions executed (``valgrind --tool=cachegrind``) by
   ``python -c pass`` without and with ``MONSTACK=1``, and their ratio: the figure that
   does not move with the machine's load;
-- the backend and whether the native path (3.12+ native callbacks, 3.11 shim) loaded.
+- the backend, whether the native path (3.12+ native callbacks, 3.11 shim) loaded, and
+  whether it trusted the verdict the first run wrote (``checks: verdict``: see
+  docs/native.md) rather than checking the interpreter again.
 
 ::
 
@@ -48,7 +50,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VERSIONS = ("3.11", "3.12", "3.13", "3.14", "3.15")
 STATUS = (
     "import _monstack_boot, monstack, sys; s = monstack.status(); print(_monstack_boot.route or '-', end=' '); "
-    "print(s.get('backend'), s.get('accelerator') or ('native shim' if 'native shim' in str(s.get('eval_frame')) else '-'))"
+    "print(s.get('backend'), s.get('accelerator') or ('native shim' if 'native shim' in str(s.get('eval_frame')) else '-'), end=''); "
+    "print(', checks: verdict' if 'earlier process' in str(s.get('native checks')) else '')"
 )
 INSTALL_TIME = (
     "import time; t0 = time.perf_counter(); import monstack; t1 = time.perf_counter(); "

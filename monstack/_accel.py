@@ -10,10 +10,11 @@ the Python callbacks. PY_THROW (a throw into a generator: rare, never per call) 
 pure-Python callback unless asked otherwise, so its delegating-generator repair rules
 are the Python ones by construction.
 
-Loading checks, once per process, every layout the code relies on against the running
-interpreter (struct offsets it was compiled with, observed through ctypes' types from
-``_cdata`` and through a native probe compared with ``sys._getframe``) and refuses,
-with a reason, on any difference:
+Loading checks every layout the code relies on against the running interpreter (struct
+offsets it was compiled with, observed through ctypes' types from ``_cdata`` and through
+a native probe compared with ``sys._getframe``) and refuses, with a reason, on any
+difference; once per interpreter binary and blob: later processes trust the verdict the
+first one recorded (``_native.trusted``/``remember``):
 
     why = unavailable()                # None: they can run here; else the reason
     callbacks(policy, tls, on_error)   # {event: callable}, like _sysmon._callbacks
@@ -79,7 +80,11 @@ def _require() -> None:
         raise _native.NativeUnavailable(why)
 
 
-def _refusal() -> Optional[str]:
+def _refusal(build_variables: bool = True) -> Optional[str]:
+    """Why the native callbacks cannot run on this interpreter, or None. Without
+    ``build_variables``: not the tail-calling interpreter check, which reads a build
+    variable (~0.2 ms: see ``_env.config_vars``) and which a trusted verdict (same binary)
+    has already passed."""
     # what the build is (free-threaded, debug) before its version: no version of the
     # native code runs on such a build
     if not _env.CPYTHON:
@@ -93,7 +98,7 @@ def _refusal() -> Optional[str]:
         names = [f"{a}.{b}" for a, b in _env.NATIVE_CALLBACK_VERSIONS]
         known = " and ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
         return f"native callbacks exist for CPython {known} (this is {v[0]}.{v[1]})"
-    if _env.TAIL_CALL_INTERP:
+    if build_variables and _env.TAIL_CALL_INTERP:
         return ("tail-calling interpreter build: the native callbacks read the interpreter's frames and "
                 "were tested only with the classic interpreter")
     if not _env.LINUX:
@@ -106,22 +111,40 @@ def _refusal() -> Optional[str]:
 
 
 def _load_and_verify() -> None:
-    global _blob
-    why = _refusal()
+    """Load the blob and check it against this interpreter; or, where an earlier
+    process did that for this very interpreter and blob (``_native.trusted``), load it
+    and take that process's findings (~1.5M instructions less at every start-up)."""
+    global _blob, _vectorcall_field, direct_calls_refused
+    why = _refusal(build_variables=False)
     if why:
         raise _native.NativeUnavailable(why)
-    blob = _native.load(blob_name())
-    _verify_table(blob)
-    _verify_layout(blob)
+    name = blob_name()
+    manifest, info = _native.arch_entry(name)
+    facts = _native.trusted(name, info, __file__)
+    if facts is None:
+        why = _refusal()
+        if why:
+            raise _native.NativeUnavailable(why)
+    blob = _native.load(name, manifest, verify=facts is None)
+    if facts is None:
+        _verify_table(blob)
+        _verify_layout(blob)
+    else:
+        _request_extra_index()
     fns = {
         "new_state": blob.function("ms_new_state", "new_state"),
         "counters": blob.function("ms_counters", "counters"),
         "probe": blob.function("ms_probe", "probe"),
     }
-    _verify_runtime(fns["probe"])
+    if facts is None:
+        _verify_runtime(fns["probe"])
     _fns.update(fns)
     _blob = blob
-    _verify_direct_calls(blob)
+    if facts is None:
+        _verify_direct_calls(blob)
+        _native.remember(name, {"vectorcall_field": _vectorcall_field, "direct_calls_refused": direct_calls_refused})
+    else:
+        _vectorcall_field, direct_calls_refused = facts["vectorcall_field"], facts["direct_calls_refused"]
 
 
 #: Offset of PyCFunctionObject.vectorcall when writing the callbacks' vectorcall
@@ -309,15 +332,23 @@ def _verify_type_fields(lay: Dict[str, int], need: Callable[[bool, str], None]) 
          "PyTypeObject.tp_del")
 
 
-def _verify_code_extra(lay: Dict[str, int], need: Callable[[bool, str], None]) -> None:
-    """Request our co_extra index and check the layout the native code reads."""
+def _request_extra_index() -> int:
+    """Our co_extra index (one per process), kept in ``_extra_index``."""
     global _extra_index
-    fn = _native.api_function
-    req = fn("PyUnstable_Eval_RequestCodeExtraIndex", C.c_void_p, C.c_void_p)  # (Py_ssize_t: see signed)
-    setx = fn("PyUnstable_Code_SetExtra", C.c_int, C.py_object, C.c_ssize_t, C.c_void_p)
+    req = _native.api_function("PyUnstable_Eval_RequestCodeExtraIndex", C.c_void_p, C.c_void_p)  # (Py_ssize_t)
     index = _native.signed(req(None))
     if index < 0:
         raise _native.NativeUnavailable("no free co_extra index (PyUnstable_Eval_RequestCodeExtraIndex)")
+    _extra_index = index
+    return index
+
+
+def _verify_code_extra(lay: Dict[str, int], need: Callable[[bool, str], None]) -> None:
+    """Request our co_extra index and check the layout the native code reads."""
+    global _extra_index
+    setx = _native.api_function("PyUnstable_Code_SetExtra", C.c_int, C.py_object, C.c_ssize_t, C.c_void_p)
+    index = _request_extra_index()
+    _extra_index = -1
     code = _verify_code_extra.__code__.replace()  # a fresh code object (not compile(): see above)
     need(setx(code, index, 0x5A5A0) == 0, "PyUnstable_Code_SetExtra failed")
     extra = C.c_void_p.from_address(id(code) + lay["co_extra"]).value

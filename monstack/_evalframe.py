@@ -385,21 +385,27 @@ def _load() -> _Native:
 
 
 def _load_into(nat: _Native) -> Optional[str]:
+    """Load the shim and check this interpreter against it (probes, a thread among
+    them); or, where an earlier process did that for this very interpreter and blob
+    (``_native.trusted``), load it and skip the probes."""
     try:
-        meta, info, _image = _loader.read_image(BLOB)  # checked before probing anything
+        meta, info = _loader.arch_entry(BLOB)
+        trusted = _loader.trusted(BLOB, info, __file__) is not None
+        # read and checked before probing anything (the checksum: unless trusted)
+        meta, info, image = _loader.read_image(BLOB, meta, verify=not trusted)
     except _loader.NativeUnavailable as exc:
         return str(exc)
     arch = dict(info, **info["layout"])
     nat.meta, nat.arch = meta, arch
     off = arch["interp_offsets"]
-    problems = _probe_interp_offsets(off)
+    problems = [] if trusted else _probe_interp_offsets(off)
     if problems:
         return "interpreter layout differs from the one the shim was built for: " + "; ".join(problems)
     request = _api_fn("_PyEval_RequestCodeExtraIndex", C.c_void_p, C.c_void_p)  # (Py_ssize_t)
     index = _loader.signed(request(None))
     if index < 0:
         return "no free co_extra index (another tool took them all)"
-    problems = _probe_code_extra(off, index)
+    problems = [] if trusted else _probe_code_extra(off, index)
     if problems:
         return "interpreter layout differs from the one the shim was built for: " + "; ".join(problems)
     nat.extra_index = index
@@ -408,16 +414,17 @@ def _load_into(nat: _Native) -> Optional[str]:
         nat.default = _loader.resolve("f:_PyEval_EvalFrameDefault")
     except _loader.NativeUnavailable as exc:
         return str(exc)
-    mem = _SafeMemory()
-    try:
-        field = mem.ptr(nat.interp + off["interp_eval_frame"])
-    finally:
-        mem.close()
-    if field != 0 and _current_eval(nat) == nat.default:
-        return f"interpreter layout differs: PyInterpreterState.eval_frame (offset {off['interp_eval_frame']})"
+    if not trusted:
+        mem = _SafeMemory()
+        try:
+            field = mem.ptr(nat.interp + off["interp_eval_frame"])
+        finally:
+            mem.close()
+        if field != 0 and _current_eval(nat) == nat.default:
+            return f"interpreter layout differs: PyInterpreterState.eval_frame (offset {off['interp_eval_frame']})"
     try:
         # a copy of its own: the data area holds this interpreter's state
-        blob = _loader.load_copy(BLOB, meta)
+        blob = _loader.load_copy(BLOB, meta, image=image)
     except _loader.NativeUnavailable as exc:
         return str(exc)
     f = arch["fields"]
@@ -437,6 +444,8 @@ def _load_into(nat: _Native) -> Optional[str]:
     blob.put_i64(f["margin"], STACK_MARGIN)
     nat.blob = blob
     nat.entry = blob.addr("ms_eval_frame")
+    if not trusted:
+        _loader.remember(BLOB, {})
     return None
 
 
@@ -738,4 +747,5 @@ class EvalFrameBackend:
         c = self.counters()
         out["shim counters"] = ", ".join(f"{k[2:]}={v}" for k, v in c.items())
         out["C stack reserve"] = f"{STACK_MARGIN // 1024} KiB per thread"
+        out["native checks"] = _loader.checked.get(BLOB, "-")
         return out

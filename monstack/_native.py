@@ -198,16 +198,17 @@ def arch_entry(name: str, manifest: Optional[dict] = None) -> Tuple[dict, dict]:
     return manifest, info
 
 
-def read_image(name: str, manifest: Optional[dict] = None) -> Tuple[dict, dict, bytes]:
+def read_image(name: str, manifest: Optional[dict] = None, verify: bool = True) -> Tuple[dict, dict, bytes]:
     """(manifest, entry, image bytes) of blob ``name`` for this machine, the bytes
-    checked against the manifest (checksum and size)."""
+    checked against the manifest (size, and checksum unless ``verify`` is false: an
+    image a trusted verdict vouches for, see ``trusted``)."""
     manifest, info = arch_entry(name, manifest)
     try:
         with open(os.path.join(NATIVE_DIR, info["blob"]), "rb") as f:
             image = f.read()
     except OSError as exc:
         raise NativeUnavailable(f"{info['blob']} unreadable ({exc})") from None
-    if checksum(image) != info.get("checksum"):
+    if verify and checksum(image) != info.get("checksum"):
         raise NativeUnavailable(f"{info['blob']} does not match its manifest (checksum)")
     if len(image) != info.get("size"):
         raise NativeUnavailable(f"{info['blob']}: size differs from the manifest's")
@@ -246,22 +247,26 @@ def _mprotect_impl(addr: int, size: int, prot: int) -> int:
 _mprotect = _mprotect_impl
 
 
-def load(name: str) -> Blob:
+def load(name: str, manifest: Optional[dict] = None, verify: bool = True) -> Blob:
     """Blob ``name`` for this machine, mapped once per process (later calls return the
     same Blob). For code whose data area holds per-copy state, see ``load_copy``."""
     with _lock:
         blob = _loaded.get(name)
         if blob is None:
-            blob = _loaded[name] = load_copy(name)
+            blob = _loaded[name] = load_copy(name, manifest, verify=verify)
         return blob
 
 
-def load_copy(name: str, manifest: Optional[dict] = None) -> Blob:
+def load_copy(name: str, manifest: Optional[dict] = None, verify: bool = True, image: Optional[bytes] = None) -> Blob:
     """A new mapping of blob ``name`` for this machine: checked, copied, its table
-    filled, its code made read+execute. Raises ``NativeUnavailable`` with the reason."""
+    filled, its code made read+execute. Raises ``NativeUnavailable`` with the reason.
+    ``image``: its bytes, already read and checked by ``read_image`` with ``manifest``."""
     if not sys.platform.startswith("linux"):
         raise NativeUnavailable(f"native code is built for Linux only (this is {sys.platform})")
-    manifest, info, image = read_image(name, manifest)
+    if image is None or manifest is None:
+        manifest, info, image = read_image(name, manifest, verify)
+    else:
+        manifest, info = arch_entry(name, manifest)
     page = os.sysconf("SC_PAGE_SIZE")
     code_span = -(-len(image) // page) * page
     data = info.get("data")
@@ -402,3 +407,79 @@ def cached_function(blob: Blob, symbol: str, name: str, flags: int = METH_FASTCA
 
 #: (blob, symbol, name, flags) -> the address of its method def (kept forever)
 _DEFS: Dict[tuple, int] = {}
+
+
+# -- verdicts: what an earlier process checked, for this very interpreter and blob -------
+
+#: The verdict file's layout.
+VERDICT_FORMAT = 1
+#: Exported symbols whose distances from the first identify the interpreter's binary
+#: (any rebuild that changes code or data moves some of them; ASLR moves none).
+_FINGERPRINT = ("f:Py_Initialize", "f:PyType_GenericAlloc", "f:PyObject_GC_Del", "f:PyEval_EvalCode",
+                "f:PyThreadState_Get", "f:PyCFunction_NewEx", "o:PyTuple_Type", "o:_Py_NoneStruct")
+#: blob name -> how this process's load was checked: "at load" or "by an earlier process (<file>)"
+checked: Dict[str, str] = {}
+_verdict_keys: Dict[str, tuple] = {}
+
+
+def verdict_path(name: str) -> str:
+    """Where blob ``name``'s verdict lives: ``__pycache__/monstack_<name>.<cache
+    tag>.verdict`` in the directory that holds the package (site-packages), as the
+    start-up cache; ``PYTHONPYCACHEPREFIX`` and ``-O`` apply as to bytecode. (Not inside
+    the package: a file pip does not know of would keep ``monstack/`` after ``pip
+    uninstall``, and ``import monstack`` would then find a namespace package.)"""
+    parent = os.path.dirname(os.path.dirname(NATIVE_DIR))
+    external = sys.modules["_frozen_importlib_external"]
+    cached = external.cache_from_source(os.path.join(parent, "monstack_" + name + ".py"))
+    return cached[: cached.rfind(".")] + ".verdict"
+
+
+def _verdict_key(name: str, info: dict, checker: str) -> tuple:
+    """What a verdict is valid for: this interpreter (its version and build string,
+    and where its exported symbols lie relative to each other), the blob's files and
+    the module that checks it (each file's size and modification time)."""
+    where = [resolve(entry) for entry in _FINGERPRINT]
+    files = (manifest_path(name), os.path.join(NATIVE_DIR, info["blob"]), checker)
+    stats = tuple((st.st_mtime_ns, st.st_size) for st in map(os.stat, files))
+    return (VERDICT_FORMAT, name, sys.version, sys.hexversion, sys.executable,
+            tuple(a - where[0] for a in where), stats)
+
+
+def trusted(name: str, info: dict, checker: str) -> Optional[dict]:
+    """The facts an earlier process recorded (``remember``) after ``checker`` verified
+    blob ``name`` against this very interpreter, or None: then verify, and remember.
+    Never raises; remembers the key for ``remember``."""
+    checked[name] = "at load"
+    try:
+        key = _verdict_keys[name] = _verdict_key(name, info, checker)
+        path = verdict_path(name)
+        with open(path, "rb") as f:
+            stored_key, facts = marshal.loads(f.read())
+    except Exception:  # no file, unreadable, another layout, no cache tag
+        return None
+    if stored_key != key or not isinstance(facts, dict):
+        return None
+    checked[name] = f"by an earlier process ({path})"
+    return facts
+
+
+def remember(name: str, facts: dict) -> None:
+    """Record that blob ``name`` passed every check here, with ``facts`` (marshallable)
+    that ``trusted`` gives back; written as bytecode is (not under ``-B``), never raises."""
+    key = _verdict_keys.get(name)
+    if key is None or sys.dont_write_bytecode:
+        return
+    tmp = ""
+    try:
+        path = verdict_path(name)
+        tmp = "%s.%d.tmp" % (path, os.getpid())
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(tmp, "wb") as f:
+            f.write(marshal.dumps((key, facts)))
+        os.replace(tmp, path)
+    except Exception:  # a read-only install, a full disk: the next process checks again
+        if tmp:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass

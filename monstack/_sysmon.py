@@ -412,10 +412,11 @@ class MonitoringBackend:
             "accelerator": "native" if self.native else f"none ({self.accel_reason})",
         }
         if self.native:
-            from . import _accel
+            from . import _accel, _native
 
             why = _accel.direct_calls_refused
             out["native calls"] = "direct (vectorcall)" if not why else f"through cfunction_vectorcall ({why})"
+            out["native checks"] = _native.checked.get(_accel.blob_name(), "-")
         return out
 
 

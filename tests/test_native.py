@@ -104,7 +104,7 @@ def test_every_shipped_file_belongs_to_a_manifest():
     listed = {n + ext for n in BLOBS for ext in (".json", ".manifest")}
     for name in BLOBS:
         listed |= {info["blob"] for info in stored_json(name)["arches"].values()}
-    assert set(os.listdir(_native.NATIVE_DIR)) == listed
+    assert set(os.listdir(_native.NATIVE_DIR)) - {"__pycache__"} == listed  # (verdicts: not shipped)
 
 
 @pytest.mark.parametrize("name", BLOBS)
@@ -309,7 +309,8 @@ def test_a_corrupted_blob_is_refused(name, damage, tmp_path, monkeypatch):
     (Trailing zero bytes leave the integer, hence the checksum, unchanged: the size
     check catches those.)"""
     for f in os.listdir(_native.NATIVE_DIR):
-        shutil.copy(os.path.join(_native.NATIVE_DIR, f), tmp_path / f)
+        if f != "__pycache__":
+            shutil.copy(os.path.join(_native.NATIVE_DIR, f), tmp_path / f)
     info = _native.read_manifest(name)["arches"].get(_native.machine())
     if info is None:
         pytest.skip(f"no {name} code for this architecture")
@@ -492,7 +493,7 @@ def test_the_method_def_layout_is_ctypes_structure_s():
 
 
 @needs_own_blob
-def test_loading_imports_neither_ctypes_nor_sysconfig_nor_threading():
+def test_loading_imports_neither_ctypes_nor_sysconfig_nor_threading(tmp_path):
     """The loader uses _ctypes through monstack._cdata: loading and checking this
     interpreter's blob (as MONSTACK=1 does at start-up) imports no ctypes (~9.6M
     instructions on 3.13), and so not 3.14's sysconfig, which imports threading; nor
@@ -501,13 +502,17 @@ def test_loading_imports_neither_ctypes_nor_sysconfig_nor_threading():
     check = ("from monstack._evalframe import EvalFrameBackend as B; why = B.unavailable()" if own_blob() == "evalframe311"
              else "from monstack import _accel; why = _accel.unavailable()")
     code = (
-        "import sys; sys.path.insert(0, %r); %s; "
+        "import sys; sys.path.insert(0, %r); %s; from monstack import _native; "
         "print(why, sorted({'ctypes', 'sysconfig', 'threading', 'json', '_json', 'hashlib', '_sha2', '_sha256'}"
-        " & set(sys.modules)))" % (ROOT, check)
+        " & set(sys.modules)), list(_native.checked.values())[0].split(' (')[0])" % (ROOT, check)
     )
-    out = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "None []"
+    # checked here, then trusted (a verdict written under a private bytecode prefix)
+    env = dict(os.environ, PYTHONPYCACHEPREFIX=str(tmp_path))
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    for how in ("at load", "by an earlier process"):
+        out = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, timeout=60, env=env)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.strip() == "None [] " + how
 
 
 def test_signed_reads_a_word_result_as_a_signed_64_bit_integer():
@@ -516,3 +521,123 @@ def test_signed_reads_a_word_result_as_a_signed_64_bit_integer():
     neg = _native.api_function("PyLong_AsSsize_t", _cdata.c_void_p, _cdata.c_void_p)
     minus_two = -2
     assert _native.signed(neg(id(minus_two))) == -2
+
+
+# --------------------------------------------------------------------------- verdicts
+@pytest.fixture
+def private_blobs(tmp_path, monkeypatch) -> str:
+    """A copy of the shipped blobs, whose verdicts go beside it (bytecode written)."""
+    where = tmp_path / "site" / "monstack" / "_native"
+    shutil.copytree(_native.NATIVE_DIR, where, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(_native, "NATIVE_DIR", str(where))
+    monkeypatch.setattr(sys, "pycache_prefix", None)
+    monkeypatch.setattr(sys, "dont_write_bytecode", False)
+    monkeypatch.setattr(_native, "checked", {})
+    monkeypatch.setattr(_native, "_verdict_keys", {})
+    checker = tmp_path / "site" / "checker.py"
+    checker.write_text("# the module that checks\n")
+    return str(checker)
+
+
+@pytest.mark.parametrize("name", BLOBS)
+def test_a_verdict_is_trusted_for_the_same_interpreter_blob_and_checker(name, private_blobs):
+    _, info = _native.arch_entry(name)
+    assert _native.trusted(name, info, private_blobs) is None
+    assert _native.checked[name] == "at load"
+    _native.remember(name, {"fact": 1})
+    path = _native.verdict_path(name)
+    site = os.path.dirname(os.path.dirname(_native.NATIVE_DIR))  # beside the package, not in it
+    assert path == os.path.join(site, "__pycache__", f"monstack_{name}.{sys.implementation.cache_tag}.verdict")
+    assert os.path.isfile(path)
+    assert _native.trusted(name, info, private_blobs) == {"fact": 1}
+    assert _native.checked[name] == f"by an earlier process ({path})"
+
+
+@pytest.mark.parametrize("change", ["blob", "manifest", "checker", "interpreter", "unreadable", "foreign"])
+def test_a_verdict_is_not_trusted_once_anything_it_was_for_changed(change, private_blobs):
+    name = own_blob() or "sysmon314"
+    _, info = _native.arch_entry(name)
+    _native.trusted(name, info, private_blobs)
+    _native.remember(name, {"fact": 1})
+    path = _native.verdict_path(name)
+    if change in ("blob", "manifest", "checker"):
+        target = {"blob": os.path.join(_native.NATIVE_DIR, info["blob"]), "manifest": _native.manifest_path(name),
+                  "checker": private_blobs}[change]
+        st = os.stat(target)
+        os.utime(target, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
+    elif change == "interpreter":  # another build of this version: its symbols lie elsewhere
+        with open(path, "rb") as f:
+            key, facts = marshal.loads(f.read())
+        moved = key[:5] + (tuple(d + 16 for d in key[5]),) + key[6:]
+        with open(path, "wb") as f:
+            f.write(marshal.dumps((moved, facts)))
+    elif change == "unreadable":
+        with open(path, "wb") as f:
+            f.write(b"\xff not marshal")
+    else:
+        with open(path, "wb") as f:
+            f.write(marshal.dumps(("another", "layout")))
+    assert _native.trusted(name, info, private_blobs) is None
+    assert _native.checked[name] == "at load"
+
+
+def test_no_verdict_is_written_without_bytecode_or_a_writable_directory(private_blobs, monkeypatch):
+    name = own_blob() or "sysmon314"
+    _, info = _native.arch_entry(name)
+    _native.trusted(name, info, private_blobs)
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)
+    _native.remember(name, {})
+    assert not os.path.exists(_native.verdict_path(name))
+    monkeypatch.setattr(sys, "dont_write_bytecode", False)
+    os.makedirs(os.path.dirname(_native.verdict_path(name)))
+    os.chmod(os.path.dirname(_native.verdict_path(name)), 0o500)
+    try:
+        _native.remember(name, {})  # (as root the directory is still writable: no error either way)
+    finally:
+        os.chmod(os.path.dirname(_native.verdict_path(name)), 0o700)
+    assert not [f for f in os.listdir(os.path.dirname(_native.verdict_path(name))) if f.endswith(".tmp")]
+
+
+def test_a_never_remembered_blob_writes_nothing(private_blobs):
+    _native.remember("sysmon314", {})  # no key: trusted() was not asked (nothing was checked)
+    assert not os.path.exists(_native.verdict_path("sysmon314"))
+
+
+TRUSTED_PROBE = r"""
+import sys, monstack
+from monstack import _env, _native
+def inner():
+    snap, f, real = monstack.snapshot(), sys._getframe(), []
+    while f is not None:
+        real.append(f.f_code.co_name)
+        f = f.f_back
+    return [f.name for f in snap.frames], real[::-1]
+def outer():
+    return inner()
+backend = monstack.install(track="all")
+shadow, real = outer()
+s = monstack.status()
+print(backend, list(_native.checked.values())[0].split(" (")[0], shadow == real,
+      s.get("native calls", "-"), s.get("accelerator", "-"), sep="|", end="|")
+print("TAIL_CALL_INTERP" in vars(_env))  # (a build variable: read only when checking)
+"""
+
+
+@needs_own_blob
+def test_a_process_that_trusts_the_verdict_tracks_as_one_that_checked(tmp_path):
+    """Two processes: the first checks the interpreter and writes the verdict, the
+    second trusts it and skips the checks; both load the native code and keep the
+    real stack, with the same direct-call decision."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MONSTACK", "PYTHONDONTWRITE"))}
+    env.update(PYTHONPYCACHEPREFIX=str(tmp_path), PYTHONPATH=ROOT)
+    outs = []
+    for _ in range(2):
+        out = subprocess.run([sys.executable, "-c", TRUSTED_PROBE], capture_output=True, text=True, timeout=60, env=env)
+        assert out.returncode == 0 and out.stderr == "", out.stderr
+        outs.append(out.stdout.split("|", 2))
+    (backend, first, rest1), (backend2, second, rest2) = outs
+    assert (first, second) == ("at load", "by an earlier process")
+    assert backend == backend2 != "walk"
+    (same1, read1), (same2, read2) = rest1.rsplit("|", 1), rest2.rsplit("|", 1)
+    assert same1 == same2 and same1.startswith("True")
+    assert read2.strip() == "False" and read1.strip() == str(backend == "monitoring")
