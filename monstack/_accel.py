@@ -114,7 +114,7 @@ def _load_and_verify() -> None:
     """Load the blob and check it against this interpreter; or, where an earlier
     process did that for this very interpreter and blob (``_native.trusted``), load it
     and take that process's findings (~1.5M instructions less at every start-up)."""
-    global _blob, _vectorcall_field, direct_calls_refused
+    global _blob, _extra_index, _vectorcall_field, direct_calls_refused
     why = _refusal(build_variables=False)
     if why:
         raise _native.NativeUnavailable(why)
@@ -130,7 +130,7 @@ def _load_and_verify() -> None:
         _verify_table(blob)
         _verify_layout(blob)
     else:
-        _request_extra_index()
+        _extra_index = _request_extra_index()
     fns = {
         "new_state": blob.function("ms_new_state", "new_state"),
         "counters": blob.function("ms_counters", "counters"),
@@ -333,13 +333,11 @@ def _verify_type_fields(lay: Dict[str, int], need: Callable[[bool, str], None]) 
 
 
 def _request_extra_index() -> int:
-    """Our co_extra index (one per process), kept in ``_extra_index``."""
-    global _extra_index
+    """A new co_extra index (the caller keeps it in ``_extra_index``: one per process)."""
     req = _native.api_function("PyUnstable_Eval_RequestCodeExtraIndex", C.c_void_p, C.c_void_p)  # (Py_ssize_t)
     index = _native.signed(req(None))
     if index < 0:
         raise _native.NativeUnavailable("no free co_extra index (PyUnstable_Eval_RequestCodeExtraIndex)")
-    _extra_index = index
     return index
 
 
@@ -348,7 +346,6 @@ def _verify_code_extra(lay: Dict[str, int], need: Callable[[bool, str], None]) -
     global _extra_index
     setx = _native.api_function("PyUnstable_Code_SetExtra", C.c_int, C.py_object, C.c_ssize_t, C.c_void_p)
     index = _request_extra_index()
-    _extra_index = -1
     code = _verify_code_extra.__code__.replace()  # a fresh code object (not compile(): see above)
     need(setx(code, index, 0x5A5A0) == 0, "PyUnstable_Code_SetExtra failed")
     extra = C.c_void_p.from_address(id(code) + lay["co_extra"]).value
