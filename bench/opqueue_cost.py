@@ -111,19 +111,30 @@ def pairs(rounds: int, ops: int, worker: bool) -> None:
         mode("snapshotter()", _harness.installer(), True),
         mode("snapshot()", _harness.installer(), "snapshot"),
     ]
-    run = oq.run if worker else no_worker
+    paired_table(oq, base, modes, rounds,
+                 f"{rounds} pairs of {oq.ops}-op runs, "
+                 f"{'worker thread' if worker else 'no worker (ops queued to a list)'}",
+                 width=24, sums=True, run=None if worker else no_worker)
+
+
+def paired_table(oq, base: _harness.Mode, modes: list, rounds: int, title: str, width: int,
+                 sums: bool = False, run=None) -> None:
+    """Measure ``modes`` against ``base`` in pairs on ``oq`` (its worker thread unless
+    ``run`` is given), close it, print per mode the median of the per-pair ratios
+    [quartiles] (and the ratio of the sums)."""
     try:
-        out = _harness.paired(run, base, modes, rounds, warm=None if not worker else oq.warm,
-                             fresh=oq.renew)
+        out = _harness.paired(run or oq.run, base, modes, rounds, warm=None if run else oq.warm,
+                              fresh=oq.renew)
     finally:
         oq.close()
-    print(f"CPython {sys.version.split()[0]}, {rounds} pairs of {oq.ops}-op runs, "
-          f"{'worker thread' if worker else 'no worker (ops queued to a list)'}")
+    print(f"CPython {sys.version.split()[0]}, {title}")
     for name, ps in out.items():
         r = sorted(t / b for b, t in ps)
         q = len(r) // 4
-        print(f"  {name:24s} median {statistics.median(r):.3f} [{r[q]:.2f}-{r[-q - 1]:.2f}]"
-              f"  ratio of sums {sum(t for _, t in ps) / sum(b for b, _ in ps):.3f}")
+        line = f"  {name:{width}s} median {statistics.median(r):.3f} [{r[q]:.2f}-{r[-q - 1]:.2f}]"
+        if sums:
+            line += f"  ratio of sums {sum(t for _, t in ps) / sum(b for b, _ in ps):.3f}"
+        print(line)
 
 
 def floor(rounds: int) -> None:
@@ -167,15 +178,8 @@ def floor(rounds: int) -> None:
         mode("PY_START/RESUME/RETURN/YIELD", enter_with((E.PY_START, E.PY_RESUME, E.PY_RETURN, E.PY_YIELD))),
         mode("CALL", enter_with((E.CALL,))),
     ]
-    try:
-        out = _harness.paired(oq.run, base, modes, rounds, warm=oq.warm, fresh=oq.renew)
-    finally:
-        oq.close()
-    print(f"CPython {sys.version.split()[0]}, {rounds} pairs of 1800-op runs, a bare tool whose callbacks return DISABLE")
-    for name, ps in out.items():
-        r = sorted(t / b for b, t in ps)
-        q = len(r) // 4
-        print(f"  {name:30s} median {statistics.median(r):.3f} [{r[q]:.2f}-{r[-q - 1]:.2f}]")
+    paired_table(oq, base, modes, rounds, f"{rounds} pairs of 1800-op runs, a bare tool whose callbacks return DISABLE",
+                 width=30)
 
 
 def _pairs_json(rounds: int, out: str) -> None:

@@ -418,3 +418,66 @@ def test_312_code_once_monitored_loses_its_superinstructions_for_good():
         monstack.uninstall()
     f(1, 2)
     assert "LOAD_FAST__LOAD_FAST" not in ops()
+
+
+def _opqueue_parts():
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    path = os.path.join(root, "bench", "experiments", "opqueue_parts.py")
+    spec = importlib.util.spec_from_file_location("monstack_opqueue_parts", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return root, path, mod
+
+
+def test_opqueue_parts_edits_still_apply_to_the_native_source():
+    """bench/experiments/opqueue_parts.py takes the native snapshot apart by editing
+    native/sysmon.c: each edit must still find its text exactly once (update EDITS when
+    the source changes), and the tool refuses one that does not, in one line."""
+    root, _path, parts = _opqueue_parts()
+    with open(os.path.join(root, "native", "sysmon.c")) as f:
+        text = f.read()
+    assert parts.edited_source(text, "shipped") == text
+    for variant, (old, new) in parts.EDITS.items():
+        edited = parts.edited_source(text, variant)
+        assert edited != text and edited.count(new) == 1, variant
+    with pytest.raises(parts.Refused, match="no-walk: its edit no longer applies"):
+        parts.edited_source(text.replace(parts.EDITS["no-walk"][0], ""), "no-walk")
+
+
+def test_opqueue_parts_refuses_bad_input_in_one_line():
+    _root, path, _parts = _opqueue_parts()
+    for args, msg in ((["variants", "--only", "bogus"], "unknown variant 'bogus'"),
+                      (["variants", "--procs", "0"], "--procs and --pairs must be at least 1"),
+                      (["probes", "0"], "ROUNDS must be at least 1")):
+        out = subprocess.run([sys.executable, path, *args], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 2 and out.stdout == "", out
+        assert out.stderr.startswith(f"opqueue_parts: {msg}") and out.stderr.count("\n") == 1, out.stderr
+
+
+def test_opqueue_parts_builds_a_variant_that_loads_and_measures_it():
+    """One variant built, loaded natively and measured (one process, one pair): the tool
+    works on this checkout. Needs the compiler and headers of the running CPython's blob."""
+    from conftest import CONFIG
+
+    root, path, parts = _opqueue_parts()
+    try:
+        blob = parts.blob_name()
+    except parts.Refused as exc:
+        pytest.skip(str(exc))
+    if CONFIG == "python":
+        pytest.skip("the variants measure the native callbacks (this configuration turns them off)")
+    from test_native import _build_module
+
+    build = _build_module()
+    t = build.target(blob)
+    why = build.why_not(t, "x86_64", build.find_include(t.python, t.headers))
+    if why:
+        pytest.skip(why)
+    out = subprocess.run([sys.executable, path, "variants", "--only", "call-only", "--procs", "1", "--pairs", "1"],
+                         capture_output=True, text=True, timeout=300,
+                         env=dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", "")))
+    assert out.returncode == 0, out.stdout + out.stderr
+    rows = [ln.split() for ln in out.stdout.splitlines()[2:]]
+    assert [r[0] for r in rows] == ["shipped", "call-only"], out.stdout
+    for r in rows:
+        assert 0.5 < float(r[1]) < 3 and 0.5 < float(r[2]) < 3, out.stdout
