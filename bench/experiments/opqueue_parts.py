@@ -166,7 +166,7 @@ def _line(text: str, prefix: str) -> str:
 
 def variants(names: List[str], procs: int, pairs: int, keep: str) -> None:
     blob = blob_name()
-    dest = keep or tempfile.mkdtemp(prefix="opqueue-parts-")
+    dest = os.path.abspath(keep) if keep else tempfile.mkdtemp(prefix="opqueue-parts-")
     try:
         trees = {v: make_tree(dest, v, blob) for v in names}
         got: Dict[str, List[dict]] = {v: [] for v in names}
