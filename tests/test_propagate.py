@@ -1192,16 +1192,23 @@ def test_start_new_thread_carries_origin(installed, monkeypatch):
 
 def test_start_new_thread_default_hook_prints_the_origin():
     """3.11-3.14's default unraisablehook prints no notes: the report is printed with it
-    (3.15's hook prints notes itself). Run in a child: pytest has a hook of its own."""
+    (3.15's hook prints notes itself). Run in a child: pytest has a hook of its own. The
+    child waits for the thread to end (its report is printed before _thread's count of
+    running threads drops), not for a time: under emulation a second was not enough."""
     import subprocess
 
     program = (
         "import _thread, time, monstack\n"
         "monstack.install()\n"
+        "started = _thread.allocate_lock(); started.acquire()\n"
         "def job():\n"
+        "    started.release()\n"
         "    raise ValueError('in the thread')\n"
         "_thread.start_new_thread(job, ())\n"
-        "time.sleep(1)\n"
+        "started.acquire()\n"
+        "deadline = time.monotonic() + 60\n"
+        "while _thread._count() and time.monotonic() < deadline:\n"
+        "    time.sleep(0.01)\n"
         "print('main goes on')\n"
     )
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
@@ -1210,7 +1217,7 @@ def test_start_new_thread_default_hook_prints_the_origin():
     err = out.stderr
     assert "Exception ignored in thread started by" in err and "<function job at " in err
     assert "ValueError: in the thread" in err
-    assert 'Work created at (most recent call last):\n  File "<string>", line 5, in <module>' in err
+    assert 'Work created at (most recent call last):\n  File "<string>", line 7, in <module>' in err
     assert "monstack" not in err.split("Work created at")[0].replace("import _thread, time, monstack", "")
 
 
