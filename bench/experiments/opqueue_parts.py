@@ -150,14 +150,18 @@ def make_tree(dest: str, variant: str, blob: str) -> str:
          "--out", os.path.join(tree, "monstack", "_native")],
         capture_output=True, text=True)
     if proc.returncode != 0:
-        last = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
-        raise Refused(f"{variant}: native/build.py failed: {last[0]}")
+        raise Refused(f"{variant}: native/build.py failed: {_last(proc.stderr or proc.stdout)}")
     info = subprocess.run([sys.executable, "-m", "monstack", "info"], capture_output=True, text=True,
                           env=dict(os.environ, PYTHONPATH=tree), cwd=dest)
     if "accelerator: native" not in info.stdout:
         raise Refused(f"{variant}: the native callbacks do not load from the copy "
                       f"({_line(info.stdout, 'accelerator:')})")
     return tree
+
+
+def _last(text: str) -> str:
+    lines = text.strip().splitlines()
+    return lines[-1] if lines else "no output"
 
 
 def _line(text: str, prefix: str) -> str:
@@ -173,8 +177,10 @@ def variants(names: List[str], procs: int, pairs: int, keep: str) -> None:
         out = os.path.join(dest, "pairs.json")
         for i in range(procs):
             for v in (names if i % 2 == 0 else names[::-1]):
-                subprocess.run([sys.executable, OPQUEUE, "pairs-json", str(pairs), out], check=True,
-                               env=dict(os.environ, PYTHONPATH=trees[v]))
+                proc = subprocess.run([sys.executable, OPQUEUE, "pairs-json", str(pairs), out],
+                                      env=dict(os.environ, PYTHONPATH=trees[v]), stderr=subprocess.PIPE, text=True)
+                if proc.returncode != 0:
+                    raise Refused(f"{v}: the measuring process failed: {_last(proc.stderr)}")
                 with open(out) as f:
                     d = json.load(f)
                 if not d.pop("monstack").startswith(trees[v]):
