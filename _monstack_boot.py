@@ -28,6 +28,10 @@ finders, no earlier ``monstack`` on ``sys.path``); anything else (a missing or s
 a shadowing package, an import hook, code that raises) takes the regular imports, and a
 start-up that imported something not recorded writes the file again, as the import system
 writes ``.pyc`` files (not under ``-B``/``PYTHONDONTWRITEBYTECODE``; never an error).
+
+PYTEST_DONT_REWRITE: pytest marks this module (a top-level module of the distribution that
+provides the ``pytest11`` entry point) for assertion rewriting; under ``MONSTACK=1`` it is
+imported before pytest starts, and this marker keeps pytest from warning about it.
 """
 
 import sys

@@ -1,4 +1,9 @@
-"""monstack: per-thread shadow stacks, O(1) snapshots, and where failed work came from."""
+"""monstack: per-thread shadow stacks, O(1) snapshots, and where failed work came from.
+
+PYTEST_DONT_REWRITE: under ``MONSTACK=1`` this package is imported before pytest starts,
+and pytest marks the packages of every plugin's distribution for assertion rewriting;
+this marker keeps it from warning that it cannot rewrite an imported module.
+"""
 
 import os as _os
 import sys as _sys
