@@ -1,7 +1,9 @@
 """``python -m monstack run [options] (script.py | -m module) [args...]``.
 
 The program runs in this process, as ``python script.py`` / ``python -m module`` would run
-it (``__main__``, ``sys.argv``, ``sys.path[0]``), with monstack installed first. So its exit
+it (a new ``__main__`` module with the same ``__file__``, ``__spec__`` and globals, the same
+``sys.argv`` and ``sys.path[0]``: tests/test_run.py compares them with plain python), with
+monstack installed first. So its exit
 code and the signals it receives need no forwarding: an uncaught exception exits 1 after
 the usual traceback, ``SystemExit`` and ``KeyboardInterrupt`` behave as under plain
 ``python``. The settings go into the environment (``MONSTACK=1`` and ``MONSTACK_*``), so
@@ -13,11 +15,12 @@ through the sitecustomize route put on ``PYTHONPATH``.
 from __future__ import annotations
 
 import argparse
+import builtins
 import os
 import runpy
 import sys
-from types import TracebackType
-from typing import Optional, Sequence
+from types import ModuleType, TracebackType
+from typing import Any, Optional, Sequence
 
 from . import _settings, _startup
 
@@ -133,18 +136,95 @@ def child_environment(values: dict[str, str], environ: Optional[dict] = None) ->
             env["PYTHONPATH"] = os.pathsep.join([BOOT_DIR] + parts)
 
 
-def _script_path(script: str) -> None:
-    """``sys.path[0]`` as ``python script`` sets it, in place of the one ``-m monstack`` set.
+def _fresh_main() -> ModuleType:
+    """A new ``__main__`` module as the interpreter makes one (``__name__``, ``__doc__``,
+    ``__package__``, ``__loader__``, ``__spec__``, ``__annotations__`` where this version
+    has it, ``__builtins__``), not yet in ``sys.modules``. The one running now is this
+    runner's (``python -m monstack``): the program must not see its globals."""
+    main = ModuleType("__main__")
+    current = sys.modules.get("__main__")
+    if current is not None and "__annotations__" in vars(current):
+        main.__annotations__ = {}
+    main.__dict__["__builtins__"] = builtins
+    return main
 
-    A file: its directory. A directory or zip file: run_path puts it first itself. Under
-    ``-P`` (safe_path) Python adds neither, and ``-m monstack`` added nothing to replace.
-    """
-    if getattr(sys.flags, "safe_path", False) or not sys.path:
+
+def _abspath(path: str) -> str:
+    """The script's path as the interpreter makes ``__file__`` (the current directory
+    joined in front, not normalised: ``./a/../b.py`` stays as it is)."""
+    return path if os.path.isabs(path) else os.path.join(os.getcwd(), path)
+
+
+def _run_file(script: str) -> None:
+    """``python script`` in this process: ``sys.path[0]`` the script's real directory (a
+    directory or zip file: itself), a new ``__main__`` whose ``__file__`` is absolute,
+    ``__spec__`` None, ``__loader__`` a file loader, the code compiled with the absolute
+    name (tracebacks show it), ``__file__`` (and ``__cached__`` before 3.15) removed after
+    it ran."""
+    import importlib.machinery as machinery
+
+    filename = _abspath(script)
+    if os.path.isdir(script) or _is_zip(script):
+        # As python does: the path first on sys.path, then its __main__ module as -m runs one.
+        _set_path0(filename)
+        try:
+            _name, spec, code = runpy._get_main_module_details()  # type: ignore[attr-defined]
+        except Exception as exc:
+            raise _NotFound(str(exc)) from None
+        _run_spec(code, spec)
         return
-    if os.path.isfile(script) and not _is_zip(script):
-        sys.path[0] = os.path.dirname(os.path.abspath(script))
+    safe_path = getattr(sys.flags, "safe_path", False)
+    if not safe_path:
+        _set_path0(os.path.dirname(os.path.realpath(script)))
+    main = _fresh_main()
+    if filename.endswith(".pyc"):
+        loader: Any = machinery.SourcelessFileLoader("__main__", filename)
+        code = loader.get_code("__main__")
     else:
-        del sys.path[0]
+        loader = machinery.SourceFileLoader("__main__", filename)
+        code = compile(loader.get_data(filename), filename, "exec", dont_inherit=True)
+    namespace = main.__dict__
+    namespace["__loader__"] = loader
+    namespace["__file__"] = filename
+    if sys.version_info < (3, 15):  # 3.15 no longer sets it
+        namespace["__cached__"] = None
+    sys.modules["__main__"] = main
+    try:
+        exec(code, namespace)
+    finally:
+        namespace.pop("__file__", None)
+        namespace.pop("__cached__", None)
+
+
+def _run_module(module: str, args: list[str]) -> None:
+    """``python -m module``: ``sys.argv[0]`` the module's file, ``sys.path[0]`` the current
+    directory (``-m monstack`` set it already), a new ``__main__`` with the module's spec."""
+    sys.argv = ["-m"] + list(args)
+    try:
+        _name, spec, code = runpy._get_module_details(module, runpy._Error)  # type: ignore[attr-defined]
+    except runpy._Error as exc:  # type: ignore[attr-defined]
+        raise _NotFound(str(exc)) from None
+    sys.argv[0] = spec.origin
+    _run_spec(code, spec)
+
+
+def _run_spec(code: Any, spec: Any) -> None:
+    """Run a module's code as ``__main__`` in a new module, as ``runpy`` runs ``-m``."""
+    main = _fresh_main()
+    sys.modules["__main__"] = main
+    runpy._run_code(code, main.__dict__, None, "__main__", spec)  # type: ignore[attr-defined]
+
+
+class _NotFound(Exception):
+    """The module or a directory's ``__main__`` cannot be found (``python -m`` says why)."""
+
+
+def _set_path0(path: str) -> None:
+    """Replace the ``sys.path[0]`` ``-m monstack`` put first (under ``-P`` it put none)."""
+    if getattr(sys.flags, "safe_path", False) or not sys.path:
+        sys.path.insert(0, path)
+    else:
+        sys.path[0] = path
 
 
 def _is_zip(path: str) -> bool:
@@ -191,20 +271,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     try:
         if module is not None:
-            sys.argv = [module] + list(program_args)  # run_module puts the file name first
-            runpy.run_module(module, run_name="__main__", alter_sys=True)
+            _run_module(module, program_args)
         else:
             assert script is not None
             sys.argv = [script] + list(program_args)
-            _script_path(script)
-            runpy.run_path(script, run_name="__main__")
+            _run_file(script)
+    except _NotFound as exc:  # as "python -m" / "python dir" say it
+        sys.stderr.write(f"{PROG}: {exc}\n")
+        return 1
     except (SystemExit, KeyboardInterrupt):
         raise  # exit code / death by SIGINT exactly as under plain python
     except BaseException as exc:
         tb = _strip_runner(exc.__traceback__)
-        if tb is None and isinstance(exc, ImportError) and module is not None:
-            sys.stderr.write(f"{PROG}: {exc}\n")  # runpy could not find it, as "python -m" says
-            return 1
         try:
             exc.with_traceback(tb)  # the hook prints exc.__traceback__, not its tb argument
         except Exception:

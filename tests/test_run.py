@@ -228,3 +228,77 @@ def test_missing_module_is_reported_like_python_m(capsys, monkeypatch):
         "python -m monstack run: Error while finding module specification for 'monstack_no_such_module.sub' "
         "(ModuleNotFoundError: No module named 'monstack_no_such_module')\n"
     )
+
+
+# -- the program sees what plain python shows it ---------------------------------------------
+
+MAIN_PROBE = """
+import json, os, sys, __main__
+
+def spec(s):
+    return None if s is None else [s.name, s.origin, s.parent, s.submodule_search_locations]
+
+g = globals()
+loader = g.get("__loader__")
+seen = {
+    "file": g.get("__file__"),
+    "argv": sys.argv,
+    "path": sys.path,
+    "spec": spec(__main__.__spec__),
+    "name": __name__,
+    "package": __package__,
+    "loader": [type(loader).__name__, getattr(loader, "name", None), getattr(loader, "path", None)],
+    "cached": g.get("__cached__", "absent"),
+    "globals": list(g),
+    "main_is_this_module": sys.modules["__main__"].__dict__ is g,
+    "code_file": sys._getframe().f_code.co_filename,
+}
+os.chdir("/")
+seen["file_after_chdir"] = os.path.exists(__file__)
+print(json.dumps(seen))
+"""
+
+
+def _observed(cmd: list[str], cwd: Path) -> dict:
+    import json
+
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("MONSTACK")}
+    environ["PYTHONPATH"] = str(REPO)
+    out = subprocess.run(cmd, cwd=cwd, env=environ, capture_output=True, text=True, timeout=120)
+    assert (out.returncode, out.stderr) == (0, ""), out.stderr
+    return json.loads(out.stdout)
+
+
+@pytest.mark.parametrize(
+    "target",
+    [
+        ["app/prog.py", "a", "--b"],
+        ["./app/../app/prog.py"],
+        ["link.py", "x"],  # a symbolic link: sys.path[0] is the real file's directory
+        ["appdir", "x"],  # a directory with __main__.py
+        ["-m", "pkg.tool", "x", "-y"],
+        ["-m", "pkg", "x"],  # a package with __main__.py
+    ],
+)
+def test_the_program_sees_what_plain_python_shows_it(tmp_path, target):
+    write(tmp_path / "app" / "prog.py", MAIN_PROBE)
+    write(tmp_path / "appdir" / "__main__.py", MAIN_PROBE)
+    write(tmp_path / "pkg" / "__init__.py", "")
+    write(tmp_path / "pkg" / "tool.py", MAIN_PROBE)
+    write(tmp_path / "pkg" / "__main__.py", MAIN_PROBE)
+    if os.name == "posix":
+        (tmp_path / "link.py").symlink_to(tmp_path / "app" / "prog.py")
+    elif "link.py" in target:
+        pytest.skip("symbolic links")
+    plain = _observed([sys.executable, *target], tmp_path)
+    under_run = _observed([sys.executable, "-m", "monstack", "run", *target], tmp_path)
+    assert under_run == plain
+    if target[0] != "-m":
+        assert os.path.isabs(plain["file"]) and plain["file_after_chdir"]  # what the runner got wrong
+
+
+def test_the_program_sees_what_plain_python_shows_it_under_safe_path(tmp_path):
+    write(tmp_path / "app" / "prog.py", MAIN_PROBE)
+    plain = _observed([sys.executable, "-P", "app/prog.py"], tmp_path)
+    under_run = _observed([sys.executable, "-P", "-m", "monstack", "run", "app/prog.py"], tmp_path)
+    assert under_run == plain
