@@ -1,8 +1,9 @@
-"""``python -m monstack`` -- demo | info | run | dump | bench."""
+"""``python -m monstack`` -- demo | info | run | dump | bench (and ``--version``)."""
 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from typing import Optional, Sequence
 
@@ -26,10 +27,27 @@ def _info(args: argparse.Namespace) -> int:
         w(f"chosen because: {status['reason']}\n")
     for name, why_not in _select.reasons().items():
         w(f"  {name:10s} {'available' if why_not is None else 'unavailable: ' + why_not}\n")
+    verbose = getattr(args, "verbose", False)
     for key, value in status.items():
-        if key not in ("backend", "reason"):
-            w(f"{key}: {value}\n")
+        if key in ("backend", "reason") or (key in _INTERNALS and not verbose):
+            continue
+        if isinstance(value, (list, tuple)):
+            value = ", ".join(map(str, value)) or "none"
+        elif isinstance(value, bool):
+            value = "yes" if value else "no"
+        elif not verbose and isinstance(value, str):
+            value = re.sub(r" at 0x[0-9a-fA-F]+", "", value)  # where the native code sits: --verbose
+        w(f"{key}: {value}\n")
+    if not verbose and any(key in _INTERNALS for key in status):
+        w("(more with --verbose)\n")
     return 0
+
+
+#: status() entries that describe monstack's internals, not what it does for you: info
+#: prints them with --verbose only.
+_INTERNALS = frozenset({"shim counters", "C stack reserve", "native checks", "native calls"})
+
+
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -37,17 +55,6 @@ def _demo(args: argparse.Namespace) -> int:
 
     _demo.run_demo()
     return 0
-
-
-def _bench(args: argparse.Namespace) -> int:
-    from monstack import _bench
-
-    argv = (["--quick"] if args.quick else []) + (["--json"] if args.json else [])
-    if args.only:
-        argv += ["--only", args.only]
-    if args.rounds:
-        argv += ["--rounds", str(args.rounds)]
-    return _bench.main(argv)
 
 
 def _test_configs(args: argparse.Namespace) -> int:
@@ -68,32 +75,48 @@ def _test_configs(args: argparse.Namespace) -> int:
     return 0
 
 
+def _version() -> str:
+    """``monstack X.Y.Z (CPython a.b.c)``: what ``--version`` prints."""
+    import platform
+
+    from monstack import __version__
+
+    return f"monstack {__version__} ({platform.python_implementation()} {platform.python_version()})"
+
+
+#: Commands with a parser of their own: everything after the name is theirs (``run``: the
+#: program's arguments; ``dump``, ``bench``: their options and one-line errors).
+_OWN_PARSER = {
+    "run": ("monstack._run", "run a script or -m module with monstack on (see: run --help)"),
+    "dump": ("monstack._dumpcli", "another process's stacks and origins (see: dump --help)"),
+    "bench": ("monstack._bench", "what monstack costs, as ratios measured in one run (see: bench --help)"),
+}
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     if argv is None:
         argv = sys.argv[1:]
-    if list(argv[:1]) == ["run"]:  # everything after "run" belongs to the program
-        from monstack._run import main as run_main
+    command = list(argv[:1])
+    if command and command[0] in _OWN_PARSER:
+        import importlib
 
-        return run_main(list(argv[1:]))
-    if list(argv[:1]) == ["dump"]:  # its own parser: bad input is one line and exit 1
-        from monstack._dumpcli import main as dump_main
-
-        return dump_main(list(argv[1:]))
+        module = importlib.import_module(_OWN_PARSER[command[0]][0])
+        return int(module.main(list(argv[1:])))
     parser = argparse.ArgumentParser(prog="python -m monstack", description="monstack: where did this work come from?")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument("--version", action="version", version=_version())
+    commands = ("demo", "info", *_OWN_PARSER)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{" + ",".join(commands) + "}")
     sub.add_parser("demo", help="a background thread fails; see the line that created its work").set_defaults(func=_demo)
-    sub.add_parser("info", help="version, interpreter, backend and why").set_defaults(func=_info)
-    sub.add_parser("run", add_help=False, help="run a script or -m module with monstack on (see: run --help)")
-    sub.add_parser("dump", add_help=False, help="another process's stacks and origins (see: dump --help)")
-    b = sub.add_parser("bench", help="what monstack costs, as ratios measured in one run")
-    b.add_argument("--quick", action="store_true", help="fewer rounds (about 30 s)")
-    b.add_argument("--json", action="store_true", help="machine-readable output")
-    b.add_argument("--only", default="", help="comma-separated sections: snapshot,tax,opqueue,memory")
-    b.add_argument("--rounds", type=int, default=None, help="rounds (default 7, --quick 3)")
-    b.set_defaults(func=_bench)
-    sub.add_parser("_test-configs", help=argparse.SUPPRESS).set_defaults(func=_test_configs)
+    i = sub.add_parser("info", help="version, interpreter, backend and why")
+    i.add_argument("--verbose", "-v", action="store_true", help="also the backend's internals (counters, addresses)")
+    i.set_defaults(func=_info)
+    for name, (_module, text) in _OWN_PARSER.items():
+        sub.add_parser(name, add_help=False, help=text)
+    # For tests/run-all.sh, not for users: no help= keeps it out of --help altogether
+    # (help=argparse.SUPPRESS still lists it, as "==SUPPRESS==").
+    sub.add_parser("_test-configs").set_defaults(func=_test_configs)
     args = parser.parse_args(argv)
-    return args.func(args)
+    return int(args.func(args))
 
 
 if __name__ == "__main__":

@@ -68,6 +68,15 @@ __all__ = ["CONFIGS", "SCHEMA", "SECTIONS", "Config", "main", "run"]
 
 SCHEMA = 2
 SECTIONS = ("snapshot", "tax", "opqueue", "memory", "dump")
+#: One line per section, for ``--help``.
+SECTION_HELP = {
+    "snapshot": "one capture at depth 10/50/200, beside frame walks and others",
+    "tax": "tracked time / untracked time on call-heavy and other workloads",
+    "opqueue": "a framework snapshotting each op it queues: ratios, cost per op",
+    "memory": "bytes per snapshot, peak RSS; snapshots keep no frames alive",
+    "dump": "threads() and the hang report for 50 threads, beside faulthandler",
+}
+PROG = "python -m monstack bench"
 
 
 def run(
@@ -137,16 +146,28 @@ def _run_sections(cfg: Config, w: Any, sections: list, results: dict, saved: Opt
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """argv-style entry: ``[--quick] [--json] [--only SECTION[,SECTION]] [--rounds N]``."""
-    p = argparse.ArgumentParser(prog="python -m monstack bench", description="what monstack costs, as ratios measured in one run")
+    p = argparse.ArgumentParser(
+        prog=PROG,
+        description="what monstack costs, as ratios measured in one run",
+        epilog="sections (all by default):\n" + "".join(f"  {name:9s} {SECTION_HELP[name]}\n" for name in SECTIONS),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--quick", action="store_true", help="smaller sizes, 3 rounds (< 30 s)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.add_argument("--only", default="", help="comma-separated sections: " + ",".join(SECTIONS))
+    p.add_argument("--only", default="", metavar="SECTION[,SECTION]", help="comma-separated sections: " + ", ".join(SECTIONS))
     p.add_argument("--rounds", type=int, default=None, help="rounds of every section (default 7, --quick 3; op-queue pairs: 21, --quick 5)")
     p.add_argument("--config", choices=sorted(CONFIGS), default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    sections = [s.strip() for s in args.only.split(",") if s.strip()] or None
+    bad = [s for s in sections or () if s not in SECTIONS]
+    if bad:  # one line, as for any bad usage
+        sys.stderr.write(f"{PROG}: unknown section {', '.join(map(repr, bad))} (valid: {', '.join(SECTIONS)})\n")
+        return 2
+    if args.rounds is not None and args.rounds < 1:
+        sys.stderr.write(f"{PROG}: --rounds must be a whole number >= 1, got {args.rounds}\n")
+        return 2
     cfg = CONFIGS[args.config or ("quick" if args.quick else "full")]()
     if args.rounds:
         cfg.rounds = cfg.opqueue_rounds = max(1, args.rounds)
-    sections = [s.strip() for s in args.only.split(",") if s.strip()] or None
     run(as_json=args.json, config=cfg, sections=sections)
     return 0

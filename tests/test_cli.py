@@ -1,0 +1,80 @@
+"""``python -m monstack``'s own command line: help, ``--version``, bad usage in one line."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def monstack(*args: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MONSTACK")}
+    env["PYTHONPATH"] = str(REPO)
+    return subprocess.run([sys.executable, "-m", "monstack", *args], capture_output=True, text=True, env=env, timeout=120)
+
+
+def test_help_lists_the_commands_and_hides_the_internal_one():
+    out = monstack("--help")
+    assert (out.returncode, out.stderr) == (0, "")
+    for command in ("demo", "info", "run", "dump", "bench", "--version"):
+        assert command in out.stdout
+    assert "SUPPRESS" not in out.stdout and "_test-configs" not in out.stdout, out.stdout
+
+
+def test_the_internal_command_still_runs():  # tests/run-all.sh uses it
+    out = monstack("_test-configs")
+    assert out.returncode == 0 and out.stdout.split() and set(out.stdout.split()) <= {"default", "native", "python"}
+
+
+def test_version():
+    import platform
+
+    import monstack as pkg
+
+    out = monstack("--version")
+    assert (out.returncode, out.stderr) == (0, "")
+    assert out.stdout == f"monstack {pkg.__version__} ({platform.python_implementation()} {platform.python_version()})\n"
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["bench", "--only", "bogus"], "python -m monstack bench: unknown section 'bogus' (valid: snapshot, tax, opqueue, memory, dump)"),
+        (["bench", "--only", "tax,nope"], "unknown section 'nope'"),
+        (["bench", "--rounds", "0"], "--rounds must be a whole number >= 1"),
+    ],
+)
+def test_bad_bench_usage_is_one_line_and_exit_2(args, message):
+    out = monstack(*args)
+    assert out.returncode == 2, out.stderr
+    assert out.stdout == "" and len(out.stderr.splitlines()) == 1, out.stderr
+    assert message in out.stderr and "Traceback" not in out.stderr
+
+
+def test_bench_help_lists_every_section():
+    from monstack._bench import SECTIONS
+
+    out = monstack("bench", "--help")
+    assert out.returncode == 0
+    listed = out.stdout.split("sections (all by default):", 1)[1]
+    assert [line.split()[0] for line in listed.strip().splitlines()] == list(SECTIONS)
+
+
+def test_unknown_command_is_bad_usage():
+    out = monstack("frobnicate")
+    assert out.returncode == 2 and "invalid choice: 'frobnicate'" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_info_keeps_internals_for_verbose():
+    short, verbose = monstack("info"), monstack("info", "--verbose")
+    assert short.returncode == verbose.returncode == 0
+    assert "backend: " in short.stdout and "propagation: " in short.stdout
+    assert " at 0x" not in short.stdout and "shim counters" not in short.stdout and "native checks" not in short.stdout
+    if sys.version_info[:2] == (3, 11) and "backend: evalframe" in short.stdout:
+        assert "shim counters: " in verbose.stdout and " at 0x" in verbose.stdout
+        assert "(more with --verbose)" in short.stdout
