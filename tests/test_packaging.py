@@ -62,6 +62,18 @@ def test_wheel_holds_the_package_and_its_data_only(wheel):
     assert {"monstack/_bench/__init__.py", "monstack/_boot/sitecustomize.py"} <= set(names)
 
 
+def test_the_wheel_declares_its_license(wheel):
+    with zipfile.ZipFile(wheel) as zf:
+        [metadata] = [n for n in zf.namelist() if n.endswith(".dist-info/METADATA")]
+        text = zf.read(metadata).decode("utf-8")
+        licenses = [n for n in zf.namelist() if ".dist-info/" in n and n.rsplit("/", 1)[-1] == "LICENSE"]
+        assert licenses, zf.namelist()
+        assert zf.read(licenses[0]).decode("utf-8").startswith("MIT License")
+    assert "License-File: LICENSE" in text
+    assert "License: MIT" in text or "License-Expression: MIT" in text
+    assert "Classifier: License :: OSI Approved :: MIT License" in text
+
+
 def test_the_allowed_pattern_rejects_development_files():
     for bad in ("native/sysmon.c", "bench/opqueue_cost.py", "tools/cpython_suites.py", "docs/design.md",
                 "monstack/_native/shim311.c", "tests/test_layers.py", "monstack/_native/build.py"):
