@@ -4,9 +4,17 @@ Self-contained on purpose (``os``, ``stat``, ``sys`` only, no monstack import at
 level): the remote path (``sys.remote_exec``, 3.14+) sends this module's source, with one
 call appended, to a process where monstack may not even be importable.
 
-The exchange happens in a private directory of the *target's* user,
-``/tmp/monstack-<uid>`` (mode 0700, owned by that uid, never a symlink): only that user and
-root can reach it, and a caller that may signal or attach to the target is one of them.
+The exchange happens in a private directory of the *target's* user (mode 0700, owned by
+that uid, never a symlink): only that user and root can reach it, and a caller that may
+signal or attach to the target is one of them. It is ``/run/user/<uid>/monstack`` when
+``/run/user/<uid>`` is a directory of that uid with mode 0700 (nobody else can squat a name
+there), else ``/tmp/monstack-<uid>`` (:func:`dir_path`: caller and target compute it the
+same way, at each exchange).
+
+- A process that arms the dump signal writes ``armed-<pid>-<starttime>`` there (its start
+  time from ``/proc/PID/stat``: a reused pid does not match), holding the signal number, and
+  deletes it when it disarms: the caller sends a signal only to a process whose marker says
+  the handler is monstack's.
 
 - The caller creates ``dump-<pid>-<token>.request`` there (``O_EXCL``/``O_NOFOLLOW``,
   0600, given to the target's uid) holding ``monstack-dump 1 <token> <color>``, then sends
@@ -31,8 +39,14 @@ import stat
 import sys
 
 BASE = "/tmp"
+#: Per-user runtime directories (systemd-logind's ``XDG_RUNTIME_DIR``), used when the
+#: user's is there and private.
+RUN_BASE = "/run/user"
 MAGIC = "monstack-dump 1"
 WITHDRAWN = "withdrawn"
+ARMED_MAGIC = "monstack-armed 1"
+#: The largest answer the caller reads (a report is capped at about 1 MB by default).
+MAX_OUTPUT = 16 << 20
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _DIRECTORY = getattr(os, "O_DIRECTORY", 0)
@@ -40,12 +54,53 @@ _NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
 
+#: C0 controls, DEL and C1 controls -> backslash escapes (a name or a file name that
+#: reaches a terminal raw could set its title, clear it, ...); other text is kept as is.
+_CONTROLS = {c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0))}
+_CONTROLS.update({0x09: "\\t", 0x0A: "\\n", 0x0D: "\\r"})
+
+
+def escape_controls(text: str) -> str:
+    """``text`` with its C0/C1 control characters and DEL as backslash escapes (``\\x1b``)."""
+    if text.isprintable():  # (no control character is printable)
+        return text
+    return text.translate(_CONTROLS)
+
+
 class Refused(Exception):
     """The private directory or a file in it is not what it must be."""
 
 
+def _run_dir(uid: int) -> "str | None":
+    """``/run/user/<uid>`` when it is a directory (not a symlink) of ``uid``, mode 0700."""
+    path = os.path.join(RUN_BASE, str(uid))
+    try:
+        st = os.lstat(path)
+    except (OSError, ValueError):
+        return None
+    if stat.S_ISDIR(st.st_mode) and st.st_uid == uid and stat.S_IMODE(st.st_mode) == 0o700:
+        return path
+    return None
+
+
+def _locate(uid: int) -> tuple[str, str, bool]:
+    """(parent directory, name in it, whether the parent is the user's own runtime dir)."""
+    run = _run_dir(uid)
+    if run is not None:
+        return run, "monstack", True
+    return BASE, f"monstack-{uid}", False
+
+
 def dir_path(uid: int) -> str:
-    return os.path.join(BASE, f"monstack-{uid}")
+    """The private directory of ``uid``: ``/run/user/<uid>/monstack`` when ``/run/user/<uid>``
+    is a directory of ``uid`` with mode 0700, else ``/tmp/monstack-<uid>``. Decided anew at
+    each call (a runtime directory comes and goes with the user's sessions)."""
+    parent, name, _ = _locate(uid)
+    return os.path.join(parent, name)
+
+
+def armed_name(pid: int, start: int) -> str:
+    return f"armed-{pid}-{start}"
 
 
 def request_name(pid: int, token: str) -> str:
@@ -69,21 +124,33 @@ def open_private_dir(uid: int, *, create: bool = False, gid: int = -1) -> int:
 
     ``create``: make it (0700) when missing; a root caller gives it to ``uid``/``gid``.
     """
-    path = dir_path(uid)
-    if create:
-        try:
-            os.mkdir(path, 0o700)
-            made = True
-        except FileExistsError:
-            made = False
-    else:
-        made = False
+    parent, name, runtime = _locate(uid)
+    path = os.path.join(parent, name)
     try:
-        fd = os.open(path, os.O_RDONLY | _DIRECTORY | _NOFOLLOW | _CLOEXEC)
-    except FileNotFoundError:
-        raise Refused(f"{path} does not exist") from None
-    except OSError as exc:  # ELOOP: a symlink; ENOTDIR: not a directory
-        raise Refused(f"{path} is not a private directory ({exc.strerror})") from None
+        # the runtime directory: opened without following a symlink, checked again on its fd
+        pfd = os.open(parent, os.O_RDONLY | _DIRECTORY | _CLOEXEC | (_NOFOLLOW if runtime else 0))
+    except OSError as exc:
+        raise Refused(f"{parent} cannot be opened ({exc.strerror})") from None
+    try:
+        if runtime:
+            pst = os.fstat(pfd)
+            if pst.st_uid != uid or stat.S_IMODE(pst.st_mode) != 0o700:
+                raise Refused(f"{parent} changed while in use")
+        made = False
+        if create:
+            try:
+                os.mkdir(name, 0o700, dir_fd=pfd)
+                made = True
+            except FileExistsError:
+                pass
+        try:
+            fd = os.open(name, os.O_RDONLY | _DIRECTORY | _NOFOLLOW | _CLOEXEC, dir_fd=pfd)
+        except FileNotFoundError:
+            raise Refused(f"{path} does not exist") from None
+        except OSError as exc:  # ELOOP: a symlink; ENOTDIR: not a directory
+            raise Refused(f"{path} is not a private directory ({exc.strerror})") from None
+    finally:
+        os.close(pfd)
     try:
         st = os.fstat(fd)
         if made and st.st_uid != uid and os.geteuid() == 0:
@@ -103,21 +170,27 @@ def open_private_dir(uid: int, *, create: bool = False, gid: int = -1) -> int:
     return fd
 
 
-def _read_checked(dirfd: int, name: str, uid: int, limit: int) -> bytes:
-    """A regular file of ``uid`` with one link, read without following a symlink."""
+def _read_checked(dirfd: int, name: str, uid: int, limit: int, *, strict: bool = False) -> bytes:
+    """A regular file of ``uid`` with one link, read without following a symlink, at most
+    ``limit`` bytes; ``strict``: a larger file is ``Refused`` (never read past the limit)."""
     fd = os.open(name, os.O_RDONLY | _NOFOLLOW | _NONBLOCK | _CLOEXEC, dir_fd=dirfd)
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or st.st_uid != uid or st.st_nlink != 1:
             raise Refused(f"{name} is not a regular file of uid {uid}")
+        if strict and st.st_size > limit:
+            raise Refused(f"{name} is larger than {limit} bytes ({st.st_size})")
         chunks = []
         size = 0
-        while size < limit:
-            chunk = os.read(fd, min(65536, limit - size))
+        cap = limit + 1 if strict else limit  # one byte more: a file that grew is refused
+        while size < cap:
+            chunk = os.read(fd, min(65536, cap - size))
             if not chunk:
                 break
             chunks.append(chunk)
             size += len(chunk)
+        if size > limit:
+            raise Refused(f"{name} is larger than {limit} bytes")
         return b"".join(chunks)
     finally:
         os.close(fd)
@@ -145,7 +218,87 @@ def _unlink(dirfd: int, name: str) -> bool:
         return False
 
 
+def _parse_start_time(data: bytes) -> "int | None":
+    """Field 22 (starttime) of a ``/proc/PID/stat`` line. The command name (field 2) may
+    hold spaces and parentheses: the fields are counted after its last ``)``."""
+    try:
+        fields = data[data.rindex(b")") + 1 :].split()
+        value = int(fields[19])  # fields[0] is field 3 (state)
+    except (ValueError, IndexError):
+        return None
+    return value if value >= 0 else None
+
+
+def start_time(pid: int) -> "int | None":
+    """When process ``pid`` started (clock ticks after boot, from ``/proc/PID/stat``), or
+    None (no such process, no /proc): with the pid, it names one process."""
+    try:
+        fd = os.open(f"/proc/{int(pid)}/stat", os.O_RDONLY | _CLOEXEC)
+    except (OSError, ValueError):
+        return None
+    try:
+        chunks = []
+        while True:
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return _parse_start_time(b"".join(chunks))
+
+
 # -- the target's side --------------------------------------------------------------------
+
+
+def arm(signum: int) -> tuple:
+    """Write this process's marker (``armed-<pid>-<starttime>``: monstack's handler is on
+    ``signum``) in its private directory, made if missing. Returns what :func:`disarm`
+    needs to delete that very file; raises ``Refused`` or ``OSError``."""
+    pid = os.getpid()
+    start = start_time(pid)
+    if start is None:
+        raise Refused(f"/proc/{pid}/stat cannot be read")
+    uid = os.geteuid()
+    dirfd = open_private_dir(uid, create=True)
+    try:
+        clean_stale(dirfd)
+        name = armed_name(pid, start)
+        _unlink(dirfd, name)  # a marker of this pid and start time is this process's
+        # a nonce: a file written in its place (same name, maybe the same inode) is not it
+        data = f"{ARMED_MAGIC} {int(signum)} {os.urandom(8).hex()}\n".encode()
+        write_new(dirfd, name, data)
+        dst = os.fstat(dirfd)
+        fst = os.stat(name, dir_fd=dirfd, follow_symlinks=False)
+        return (pid, uid, name, (dst.st_dev, dst.st_ino), (fst.st_dev, fst.st_ino), data)
+    finally:
+        os.close(dirfd)
+
+
+def disarm(armed: tuple) -> bool:
+    """Delete the marker :func:`arm` wrote, only if it is still that file, in that
+    directory, and this is still that process (not a forked child). Never raises."""
+    try:
+        pid, uid, name, dir_key, file_key, data = armed
+        if os.getpid() != pid:
+            return False
+        dirfd = open_private_dir(uid)
+    except Exception:
+        return False
+    try:
+        dst = os.fstat(dirfd)
+        if (dst.st_dev, dst.st_ino) != dir_key:
+            return False
+        st = os.stat(name, dir_fd=dirfd, follow_symlinks=False)
+        if (st.st_dev, st.st_ino) != file_key or _read_checked(dirfd, name, uid, 64, strict=True) != data:
+            return False
+        return _unlink(dirfd, name)
+    except Exception:
+        return False
+    finally:
+        os.close(dirfd)
 
 
 def claim(pid: int, token: str = "") -> tuple[list[tuple[str, bool]], int]:
@@ -190,13 +343,17 @@ def claim(pid: int, token: str = "") -> tuple[list[tuple[str, bool]], int]:
 
 
 def deliver(dirfd: int, pid: int, token: str, text: str) -> None:
-    """Write one report where the caller waits for it (``.part``, then renamed ``.txt``)."""
+    """Write one report where the caller waits for it (``.part``, then renamed ``.txt``).
+    Whatever interrupts it, no ``.part`` is left behind."""
     part = f"dump-{pid}-{token}.part"
     try:
         write_new(dirfd, part, text.encode("utf-8", "backslashreplace"))
         os.rename(part, output_name(pid, token), src_dir_fd=dirfd, dst_dir_fd=dirfd)
     except OSError:
         _unlink(dirfd, part)
+    except BaseException:
+        _unlink(dirfd, part)
+        raise
 
 
 def write_fd(fd: int, text: str) -> None:
@@ -210,20 +367,23 @@ def write_fd(fd: int, text: str) -> None:
 
 
 def plain_report(note: str) -> str:
-    """Every thread's stack from ``sys._current_frames()``, as tracebacks, after ``note``:
-    what a process without monstack (or with monstack off) can still say."""
+    """Every thread's stack from ``sys._current_frames()``, in the traceback layout, after
+    ``note``: what a process without monstack (or with monstack off) can still say. Names,
+    file names and source lines have their control characters escaped."""
+    import linecache
     import threading
     import traceback
 
+    esc = escape_controls
     names = {t.ident: t for t in threading.enumerate()}
     here = threading.get_ident()
     main = threading.main_thread().ident
     this = sys._getframe().f_code.co_filename  # this file, or "<string>" in the remote script
     ours = (this, "<string>", os.path.join(os.path.dirname(this), "_dumpsig.py"))
-    lines = [f"{note}\n"]
+    lines = [f"{esc(note)}\n"]
     frames = sys._current_frames()
     for ident in sorted(frames, key=lambda i: (i != main, i)):
-        entries = traceback.extract_stack(frames[ident])
+        entries = traceback.extract_stack(frames[ident], limit=None)
         if ident == here:  # leave out the dump's own frames (the handler, the script)
             for i, entry in enumerate(entries):
                 if entry.filename in ours:
@@ -231,19 +391,25 @@ def plain_report(note: str) -> str:
                     break
         thread = names.get(ident)
         if thread is not None:
-            label = f"Thread {thread.name!r} (ident {ident}{', daemon' if thread.daemon else ''})"
+            label = f"Thread {esc(repr(thread.name))} (ident {ident}{', daemon' if thread.daemon else ''})"
         else:
             label = f"Thread (ident {ident})"
         lines.append(f"\n{label}:\n")
         lines.append("Traceback (most recent call last):\n")
-        lines.extend(traceback.format_list(entries))
+        for entry in entries:
+            lines.append(f'  File "{esc(entry.filename)}", line {entry.lineno}, in {esc(entry.name)}\n')
+            source = linecache.getline(entry.filename, entry.lineno or 0).strip()
+            if source:
+                lines.append(f"    {esc(source)}\n")
     del frames
     return "".join(lines)
 
 
 def report_text(color: bool = False) -> str:
     """monstack's report when monstack is in this process, else plain stacks that say so.
-    Never raises."""
+    Raises only what is no error of the report's: ``KeyboardInterrupt``, ``SystemExit``
+    (any ``BaseException`` that is not an ``Exception``), which another signal's handler
+    raised while it was being built."""
     try:
         dump_module = sys.modules.get("monstack._dump")
         if dump_module is None and "monstack" in sys.modules:
@@ -256,30 +422,47 @@ def report_text(color: bool = False) -> str:
             f"monstack is not imported in process {os.getpid()}: the stacks below have no origins "
             "(start it with MONSTACK=1 to see where each thread's work came from)."
         )
-    except BaseException as exc:  # never break the target
+    except Exception as exc:  # never break the target
+        why = escape_controls(f"{type(exc).__name__}: {exc}")
         try:
-            return plain_report(f"monstack could not build its report ({type(exc).__name__}: {exc}).")
-        except BaseException:
-            return f"monstack could not build its report ({type(exc).__name__}).\n"
+            return plain_report(f"monstack could not build its report ({why}).")
+        except Exception:
+            return f"monstack could not build its report ({escape_controls(type(exc).__name__)}).\n"
 
 
-def serve(pid: int, token: str = "", *, stderr_if_none: bool = True) -> None:
+def serve(pid: int, token: str = "", *, stderr_if_none: bool = True) -> bool:
     """Answer the requests for ``pid``; with none, the report goes to stderr
-    (``stderr_if_none``, the signal) or nowhere (the remote script). Never raises."""
+    (``stderr_if_none``, the signal) or nowhere (the remote script). True when requests
+    were found (answered or withdrawn). Never raises, but re-raises ``KeyboardInterrupt``,
+    ``SystemExit`` (any ``BaseException`` that is not an ``Exception``) raised meanwhile by
+    another signal's handler, once no ``.part`` is left and each claimed request has a
+    one-line answer saying the report was interrupted."""
     dirfd = -1
+    waiting: list[str] = []
     try:
         wanted, dirfd = claim(pid, token)
         if dirfd < 0:
             if stderr_if_none:
                 write_fd(2, report_text(color=_stderr_color()))
-            return
+            return False
+        waiting = [tok for tok, _ in wanted]
         texts: dict[bool, str] = {}
         for tok, color in wanted:
             if color not in texts:
                 texts[color] = report_text(color=color)
             deliver(dirfd, pid, tok, texts[color])
-    except BaseException:
-        pass
+            waiting.remove(tok)
+        return True
+    except Exception:
+        return dirfd >= 0
+    except BaseException as exc:
+        try:
+            note = f"process {pid} was interrupted ({type(exc).__name__}) while building its report\n"
+            for tok in waiting:
+                deliver(dirfd, pid, tok, note)
+        except BaseException:
+            pass
+        raise
     finally:
         if dirfd >= 0:
             try:
@@ -308,7 +491,7 @@ def serve_remote(pid: int, token: str, script: str) -> None:
             _unlink(dirfd, os.path.basename(script))
         finally:
             os.close(dirfd)
-    except BaseException:
+    except Exception:
         pass
     serve(pid, token, stderr_if_none=False)
 
@@ -316,25 +499,67 @@ def serve_remote(pid: int, token: str, script: str) -> None:
 # -- the caller's side --------------------------------------------------------------------
 
 
-def read_output(dirfd: int, pid: int, token: str, uid: int) -> "str | None":
-    """The finished report, deleted once read; None while it is not there."""
+def read_output(dirfd: int, pid: int, token: str, uid: int, limit: int = MAX_OUTPUT) -> "str | None":
+    """The finished report, deleted once read; None while it is not there. An answer that
+    is not a regular file of ``uid`` or is larger than ``limit`` bytes is deleted unread:
+    ``Refused``."""
     name = output_name(pid, token)
     try:
-        data = _read_checked(dirfd, name, uid, 1 << 31)
+        data = _read_checked(dirfd, name, uid, limit, strict=True)
     except FileNotFoundError:
         return None
+    except Refused:
+        _unlink(dirfd, name)
+        raise
     _unlink(dirfd, name)
     return data.decode("utf-8", "replace")
 
 
+def read_armed(dirfd: int, pid: int, start_time: int, uid: int) -> "int | None":
+    """The dump signal process ``pid`` (started at ``start_time``, see :func:`start_time`)
+    armed, from its marker; None when there is no marker, or it is not a small regular file
+    of ``uid`` with one link, or it does not hold a signal number."""
+    try:
+        data = _read_checked(dirfd, armed_name(pid, start_time), uid, 64, strict=True)
+    except (OSError, Refused):
+        return None
+    words = data.decode("ascii", "replace").split()  # magic, signal number, nonce
+    if len(words) not in (3, 4) or " ".join(words[:2]) != ARMED_MAGIC or not words[2].isdigit():
+        return None
+    signum = int(words[2])
+    return signum if 0 < signum < 128 else None
+
+
+def remove_script(dirfd: int, pid: int, token: str, uid: int) -> None:
+    """After a failed ``sys.remote_exec`` (the script will never run): delete this
+    exchange's script, its request or the withdrawal that replaced it, and a leftover
+    ``.withdrawn``; only regular files of ``uid``. Never raises."""
+    if not _valid_token(token):
+        return
+    for name in (script_name(pid, token), request_name(pid, token), f"dump-{pid}-{token}.withdrawn"):
+        try:
+            st = os.stat(name, dir_fd=dirfd, follow_symlinks=False)
+        except (OSError, ValueError):
+            continue
+        if stat.S_ISREG(st.st_mode) and st.st_uid == uid:
+            _unlink(dirfd, name)
+
+
 def clean_stale(dirfd: int) -> None:
     """Delete the exchange files of processes that no longer exist (a target that ended
-    with a request, or a remote script, still waiting)."""
+    with a request, or a remote script, still waiting), and the markers of processes that
+    ended without disarming (their pid gone or now another process's)."""
     try:
         names = os.listdir(dirfd)
     except OSError:
         return
     for name in names:
+        if name.startswith("armed-"):
+            words = name.split("-")
+            if len(words) == 3 and words[1].isdigit() and words[2].isdigit():
+                if start_time(int(words[1])) != int(words[2]):  # ended, or the pid was reused
+                    _unlink(dirfd, name)
+            continue
         if not name.startswith("dump-"):
             continue
         pid_text = name[5:].split("-", 1)[0]

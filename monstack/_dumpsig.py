@@ -12,11 +12,23 @@ TERM, HUP, the fault signals, the job-control ones, the ones sent for other reas
 as CHLD and WINCH, the timer ones), and a signal the program already handles or ignores
 (no chaining: the program's handler stays). Python runs signal handlers in the main
 thread only, so the handler is installed only when ``install()`` runs there.
+
+Arming also imports everything a report needs (a handler that imported would wait for
+another thread holding the import lock) and writes this process's marker in the private
+directory (``armed-<pid>-<starttime>``, see :mod:`monstack._dumpproto`), so that ``python -m
+monstack dump`` signals only a process whose handler is monstack's; disarming deletes it.
+
+The handler never nests: signals that arrive while it builds a report (CPython runs a
+signal's Python handler inside another one) make it build one more report after the
+current one, not one each. ``KeyboardInterrupt`` and ``SystemExit`` raised meanwhile by
+another signal's handler (Ctrl-C, a SIGTERM handler calling ``sys.exit``) are re-raised
+after the exchange files are cleaned up.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -54,13 +66,89 @@ REFUSED: dict[str, str] = {
 
 #: (signal number, the handler it replaced) while ours is installed.
 _installed: list[tuple[int, Any]] = []
+#: What ``_dumpproto.disarm`` needs to delete this process's marker, while there is one.
+_armed: list[tuple] = []
+#: The handler is building a report / a signal arrived meanwhile (one more report).
+_busy = False
+_again = False
+_fork_hook = False
+
+#: Imported when arming, so that the handler imports nothing (``linecache`` and
+#: ``tokenize`` read source lines; ``traceback`` is the plain report's).
+_PRELOAD = ("linecache", "tokenize", "traceback", "threading")
 
 
 def _handler(signum: int, frame: Any) -> None:
+    global _busy, _again
     del frame
-    from ._dumpproto import serve
+    if _busy:  # nested in our own handler: one more report after the current one
+        _again = True
+        return
+    proto: Any = sys.modules.get("monstack._dumpproto")  # imported when arming
+    if proto is None:
+        from . import _dumpproto as proto
+    serve = proto.serve
+    _busy = True
+    try:
+        to_stderr = True
+        while True:
+            _again = False
+            # a follow-up goes to stderr only if the report before it did: a signal sent
+            # with a request that report already answered then adds nothing
+            to_stderr = not serve(os.getpid(), stderr_if_none=to_stderr)
+            if not _again:
+                break
+    finally:
+        _busy = False
+        _again = False
 
-    serve(os.getpid())
+
+def _preload() -> None:
+    import importlib
+
+    for name in _PRELOAD:
+        importlib.import_module(name)
+    from . import _dump, _dumpproto  # noqa: F401
+
+
+def _arm(signum: int) -> None:
+    """Write this process's marker; a failure says the dump command cannot use the signal."""
+    if not sys.platform.startswith("linux"):
+        return  # the dump command reads /proc: Linux only
+    from . import _dumpproto
+
+    try:
+        _armed.append(_dumpproto.arm(signum))
+    except (OSError, _dumpproto.Refused) as exc:
+        warn_once(
+            f"{DUMP_SIGNAL_ENV}: python -m monstack dump cannot find this process's handler "
+            f"({exc}); a plain kill still writes the report to stderr"
+        )
+    global _fork_hook
+    if not _fork_hook and hasattr(os, "register_at_fork"):
+        os.register_at_fork(after_in_child=_after_fork_in_child)
+        _fork_hook = True
+
+
+def _disarm() -> None:
+    from . import _dumpproto
+
+    while _armed:
+        _dumpproto.disarm(_armed.pop())
+
+
+def _after_fork_in_child() -> None:
+    """A forked child keeps the handler: it needs its own marker (its pid and start time)."""
+    global _busy, _again
+    _busy = _again = False
+    try:
+        if _installed and _armed:
+            _armed.clear()  # the parent's: never deleted from here (disarm checks the pid)
+            from . import _dumpproto
+
+            _armed.append(_dumpproto.arm(_installed[0][0]))
+    except Exception:
+        pass
 
 
 def _caught_elsewhere(signum: int) -> bool:
@@ -114,8 +202,10 @@ def start(state: Any = None) -> None:
             warn_once(f"{DUMP_SIGNAL_ENV}={raw.strip()}: {why}; no dump signal")
             return
         signum = getattr(signal, name)
+        _preload()  # before the handler can run
         previous = signal.signal(signum, _handler)
         _installed.append((signum, previous))
+        _arm(signum)
     except Exception as exc:
         warn_once(f"{DUMP_SIGNAL_ENV}: the handler could not be installed ({type(exc).__name__}: {exc})")
 
@@ -134,6 +224,10 @@ def stop(state: Any = None) -> None:
         signum, previous = _installed.pop()
         if signal.getsignal(signum) is _handler:
             signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
+    except Exception:
+        pass
+    try:
+        _disarm()
     except Exception:
         pass
 

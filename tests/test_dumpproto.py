@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import ast
 import os
+import signal
 import stat
+import subprocess
 import sys
 
 import pytest
@@ -19,7 +21,13 @@ pytestmark = pytest.mark.skipif(not hasattr(os, "O_NOFOLLOW") or sys.platform ==
 @pytest.fixture
 def base(tmp_path, monkeypatch):
     monkeypatch.setattr(proto, "BASE", str(tmp_path))
+    monkeypatch.setattr(proto, "RUN_BASE", str(tmp_path / "run-user"))  # none: /tmp's layout
     return tmp_path
+
+
+def need_root() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("files of another uid need root")
 
 
 def _request(dirfd: int, pid: int, token: str, color: str = "plain") -> None:
@@ -185,3 +193,248 @@ def test_the_module_is_self_contained():
             assert node.level == 0 and not (node.module or "").startswith("monstack"), ast.dump(node)
         if isinstance(node, ast.Import):
             assert all(not a.name.startswith("monstack") for a in node.names)
+
+
+# -- where the directory is: /run/user/<uid> when private, else /tmp --------------------------
+
+
+def test_a_private_runtime_directory_is_preferred(base):
+    uid = os.geteuid()
+    run = base / "run-user" / str(uid)
+    run.mkdir(parents=True)
+    os.chmod(run, 0o700)
+    assert proto.dir_path(uid) == str(run / "monstack")
+    os.close(proto.open_private_dir(uid, create=True))
+    st = os.lstat(run / "monstack")
+    assert stat.S_ISDIR(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o700 and st.st_uid == uid
+    assert not os.path.exists(base / f"monstack-{uid}")
+    os.chmod(run, 0o755)  # not private: /tmp
+    assert proto.dir_path(uid) == str(base / f"monstack-{uid}")
+    os.chmod(run, 0o700)
+    os.rename(run, base / "real")
+    os.symlink(base / "real", run)  # a symlink: /tmp
+    assert proto.dir_path(uid) == str(base / f"monstack-{uid}")
+
+
+def test_a_runtime_directory_of_another_owner_is_not_used(base):
+    need_root()
+    run = base / "run-user" / "65534"
+    run.mkdir(parents=True)
+    os.chmod(run, 0o700)  # root's, mode 0700: not nobody's
+    assert proto.dir_path(65534) == str(base / "monstack-65534")
+    os.chown(run, 65534, 65534)
+    assert proto.dir_path(65534) == str(run / "monstack")
+
+
+def test_a_squatted_tmp_directory_does_not_block_a_user_with_a_runtime_directory(base):
+    """Another user made /tmp/monstack-<uid> first: the runtime directory is used instead."""
+    need_root()
+    os.mkdir(base / "monstack-65534", 0o700)
+    os.chown(base / "monstack-65534", 12345, 12345)  # the squatter's
+    with pytest.raises(proto.Refused, match="owner 12345"):
+        proto.open_private_dir(65534, create=True, gid=65534)
+    run = base / "run-user" / "65534"
+    run.mkdir(parents=True)
+    os.chmod(run, 0o700)
+    os.chown(run, 65534, 65534)
+    fd = proto.open_private_dir(65534, create=True, gid=65534)  # root for the target user
+    try:
+        st = os.fstat(fd)
+        assert st.st_uid == 65534 and stat.S_IMODE(st.st_mode) == 0o700
+        assert os.path.samestat(st, os.stat(run / "monstack"))
+    finally:
+        os.close(fd)
+
+
+# -- the armed marker ---------------------------------------------------------------------------
+
+
+def _stat_fields(comm: str, start: int) -> bytes:
+    after = ["S"] + [str(n) for n in range(4, 22)] + [str(start)] + ["0"] * 30  # fields 3..52
+    return f"4321 ({comm}) {' '.join(after)}\n".encode()
+
+
+@pytest.mark.parametrize("comm", ["python3", "a) 1 2 (b", ") )", "x y z"])
+def test_start_time_is_field_22_counted_after_the_last_parenthesis(comm):
+    assert proto._parse_start_time(_stat_fields(comm, 987654)) == 987654
+    assert proto._parse_start_time(b"4321 (no closing paren S 1 2") is None
+    assert proto._parse_start_time(b"4321 (short) S 1 2") is None
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/PID/stat")
+def test_start_time_of_a_process_whose_name_looks_like_fields():
+    code = "open('/proc/self/comm', 'w').write(') 1 2 3 (x'); print('ready', flush=True); input()"
+    child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        assert child.stdout.readline() == b"ready\n"
+        with open(f"/proc/{child.pid}/comm") as f:
+            assert f.read().strip() == ") 1 2 3 (x"
+        mine, theirs = proto.start_time(os.getpid()), proto.start_time(child.pid)
+        with open("/proc/uptime") as f:
+            now = float(f.read().split()[0]) * os.sysconf("SC_CLK_TCK")
+        assert mine is not None and theirs is not None
+        assert mine <= theirs <= now + 1  # started after this process, before now
+    finally:
+        child.stdin.close()
+        child.wait()
+        child.stdout.close()
+    assert proto.start_time(child.pid) is None  # ended (reaped)
+
+
+def _marker_path(pid: int) -> str:
+    return os.path.join(proto.dir_path(os.geteuid()), proto.armed_name(pid, proto.start_time(pid)))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/PID/stat")
+def test_arm_writes_a_private_marker_that_read_armed_and_disarm_find(base):
+    uid, pid = os.geteuid(), os.getpid()
+    armed = proto.arm(signal.SIGUSR1)  # makes the directory when missing
+    path = _marker_path(pid)
+    st = os.lstat(path)
+    assert stat.S_ISREG(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o600 and st.st_uid == uid
+    start = proto.start_time(pid)
+    fd = proto.open_private_dir(uid)
+    try:
+        assert proto.read_armed(fd, pid, start, uid) == signal.SIGUSR1
+        assert proto.read_armed(fd, pid, start + 1, uid) is None  # another process on that pid
+        assert proto.read_armed(fd, pid, start, uid + 1) is None  # not the target user's
+        assert proto.disarm((pid + 1,) + armed[1:]) is False  # a forked child: not its marker
+        assert os.path.exists(path)
+        assert proto.disarm(armed) is True
+        assert proto.read_armed(fd, pid, start, uid) is None
+        assert proto.disarm(armed) is False
+        again = proto.arm(signal.SIGUSR2)
+        os.unlink(path)
+        proto.write_new(fd, os.path.basename(path), b"monstack-armed 1 12\n")  # not the file it wrote
+        assert proto.disarm(again) is False
+        assert proto.read_armed(fd, pid, start, uid) == 12
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/PID/stat")
+def test_read_armed_refuses_what_is_not_a_small_regular_file_of_the_user(base, tmp_path):
+    uid, pid = os.geteuid(), os.getpid()
+    start = proto.start_time(pid)
+    name = proto.armed_name(pid, start)
+    fd = proto.open_private_dir(uid, create=True)
+    try:
+        def check(expected):
+            assert proto.read_armed(fd, pid, start, uid) == expected
+            os.unlink(name, dir_fd=fd)
+
+        (tmp_path / "elsewhere").write_text("monstack-armed 1 10\n")
+        os.symlink(tmp_path / "elsewhere", name, dir_fd=fd)
+        check(None)
+        os.mkfifo(name, 0o600, dir_fd=fd)
+        check(None)
+        proto.write_new(fd, name, b"monstack-armed 1 10\n")
+        os.link(name, "second", src_dir_fd=fd, dst_dir_fd=fd)
+        check(None)
+        os.unlink("second", dir_fd=fd)
+        for junk in (b"monstack-armed 1 10" + b" " * 100, b"monstack-armed 2 10", b"monstack-armed 1 -3",
+                     b"monstack-armed 1 999", b"monstack-dump 1 10", b""):
+            proto.write_new(fd, name, junk)
+            check(None)
+        proto.write_new(fd, name, b"monstack-armed 1 10\n")
+        check(10)
+        if uid == 0:
+            proto.write_new(fd, name, b"monstack-armed 1 10\n", uid=65534)
+            check(None)
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/PID/stat")
+def test_clean_stale_removes_markers_of_ended_processes_and_reused_pids(base):
+    pid = os.getpid()
+    start = proto.start_time(pid)
+    fd = proto.open_private_dir(os.geteuid(), create=True)
+    try:
+        for name in (proto.armed_name(pid, start), proto.armed_name(pid, start + 1),
+                     proto.armed_name(999999999, 5), "armed-junk"):
+            proto.write_new(fd, name, b"monstack-armed 1 10\n")
+        proto.clean_stale(fd)
+        assert sorted(os.listdir(fd)) == sorted([proto.armed_name(pid, start), "armed-junk"])
+    finally:
+        os.close(fd)
+
+
+# -- what the caller reads and removes ---------------------------------------------------------
+
+
+def test_read_output_refuses_an_answer_over_the_cap_without_reading_it(base):
+    pid = 4247
+    uid = os.geteuid()
+    fd = proto.open_private_dir(uid, create=True)
+    try:
+        proto.write_new(fd, proto.output_name(pid, "ab01"), b"x" * 1000)
+        assert proto.read_output(fd, pid, "ab01", uid, limit=1000) == "x" * 1000  # at the cap: fine
+        proto.write_new(fd, proto.output_name(pid, "ab02"), b"x" * 1001)
+        with pytest.raises(proto.Refused, match="larger than 1000 bytes"):
+            proto.read_output(fd, pid, "ab02", uid, limit=1000)
+        assert os.listdir(fd) == []  # deleted, unread
+        proto.write_new(fd, proto.output_name(pid, "ab03"), b"")
+        sparse = os.open(proto.output_name(pid, "ab03"), os.O_WRONLY, dir_fd=fd)
+        os.ftruncate(sparse, 300 << 20)  # 300 MB, no disk
+        os.close(sparse)
+        with pytest.raises(proto.Refused, match="larger than"):
+            proto.read_output(fd, pid, "ab03", uid)  # the default cap
+        assert proto.MAX_OUTPUT == 16 << 20
+        assert os.listdir(fd) == []
+    finally:
+        os.close(fd)
+
+
+def test_remove_script_cleans_up_after_a_failed_remote_exec(base):
+    pid = 4248
+    uid = os.geteuid()
+    fd = proto.open_private_dir(uid, create=True)
+    try:
+        for tok in ("ab01", "cd02"):
+            _request(fd, pid, tok)
+            proto.write_new(fd, proto.script_name(pid, tok), b"# script")
+        proto.write_new(fd, f"dump-{pid}-ab01.withdrawn", b"")  # a withdrawal cut short
+        proto.withdraw(fd, pid, "ab01", uid, -1)  # (the rename fails: nothing is lost)
+        proto.remove_script(fd, pid, "ab01", uid)
+        assert sorted(os.listdir(fd)) == sorted([proto.request_name(pid, "cd02"), proto.script_name(pid, "cd02")])
+        proto.withdraw(fd, pid, "cd02", uid, -1)
+        proto.remove_script(fd, pid, "cd02", uid)
+        assert os.listdir(fd) == []
+        proto.remove_script(fd, pid, "../x", uid)  # not a token: nothing
+    finally:
+        os.close(fd)
+
+
+def _controls(text: str) -> list[str]:
+    """C0 (but the line breaks), DEL and C1 characters in ``text``."""
+    return [c for c in text if (ord(c) < 0x20 and c != "\n") or 0x7F <= ord(c) < 0xA0]
+
+
+def test_escape_controls_escapes_c0_del_c1_and_keeps_other_text():
+    assert proto.escape_controls("plain é 日本 \u2028") == "plain é 日本 \u2028"
+    assert proto.escape_controls("a\x1b]0;t\x07\nb\t\r\x00\x7f\x9b") == "a\\x1b]0;t\\x07\\nb\\t\\r\\x00\\x7f\\x9b"
+
+
+def test_plain_report_escapes_control_characters():
+    import linecache
+    import threading
+
+    filename = "/nowhere/evil\x1b]0;title\x07.py"
+    source = "def park(started, event):\n    started.set()  # \x1b[2J\x9b\n    event.wait()  # \x1b[2J\x9b\n"
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    namespace: dict = {}
+    exec(compile(source, filename, "exec"), namespace)
+    started, event = threading.Event(), threading.Event()
+    t = threading.Thread(target=namespace["park"], args=(started, event), name="name\x1b[31m\n\x7f")
+    t.start()
+    try:
+        started.wait()
+        text = proto.plain_report("note\x1b[2J")
+    finally:
+        event.set()
+        t.join()
+        linecache.cache.pop(filename, None)
+    assert _controls(text) == []
+    assert "evil\\x1b]0;title\\x07.py" in text and "# \\x1b[2J\\x9b" in text and "note\\x1b[2J" in text
+    assert "name\\x1b[31m\\n\\x7f" in text
