@@ -131,7 +131,7 @@ def main() -> int:
               f"(quartiles {statistics.quantiles(ratios, n=4)[0]:.3f}..{statistics.quantiles(ratios, n=4)[2]:.3f})")
         monstack.install()
         snap = deep(20, monstack.snapshot)
-        from monstack import _celery
+        from monstack._points import celery as _celery
 
         value = _celery._header_value(snap)
         print(f"header of a 20-frame snapshot: {len(json.dumps(value))} bytes of JSON "

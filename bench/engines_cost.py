@@ -95,7 +95,7 @@ def own_work(n: int = 2000) -> float:
     wrapper and its pickling with the task (Dask pickles the function once per submit)."""
     import pickle
 
-    from monstack import _dask
+    from monstack._points import dask as _dask
 
     monstack.install()
     try:

@@ -39,6 +39,7 @@ _SIDE: dict[int, tuple] = {}
 
 _get_ident = _thread.get_ident
 _running_get = RUNNING.get
+_running_pop = RUNNING.pop
 
 
 def _snap() -> Snapshot:
@@ -54,6 +55,11 @@ _FORWARDED = frozenset(("__name__", "__qualname__", "__annotations__", "__type_p
 
 class _WithOrigin:
     """``fn`` run with ``snap`` as the current origin; its exception gets ``snap`` attached.
+
+    Its ``__call__`` is the one place that runs work under an origin: every carrier (the
+    propagation points', ``wrap()``'s, a process's ``run``) is this class or a subclass
+    (no helper call in between: no traceback entry, no cost per call; the wrapper's own
+    entry is taken off the traceback, as importlib does for its frames).
 
     Answers questions about itself as ``fn`` does (``__name__``, ``__qualname__``,
     ``__module__``, ``__doc__``, ``inspect.signature`` through ``__wrapped__``, plain
@@ -85,7 +91,10 @@ class _WithOrigin:
             _drop_own_entry(exc, sys._getframe())
             raise
         finally:
-            RUNNING[ident] = prev
+            if prev is None:  # (a new thread, or one between jobs: no entry left behind)
+                _running_pop(ident, None)
+            else:
+                RUNNING[ident] = prev
             try:
                 CURRENT_ORIGIN.reset(token)
             except Exception:  # entered another context in between: leave it be
@@ -226,47 +235,25 @@ def _is_context_run(func: Any) -> bool:
     return type(func) is _BUILTIN_TYPE and type(func.__self__) is Context and func.__name__ == "run"
 
 
-class _RunOf:
+class _RunOf(_WithOrigin):
     """An instance-level ``run`` for a ``multiprocessing`` process: calls its class's
     ``run()`` (the target, or a subclass's own ``run()``) with ``snap`` as the current
     origin, in the child. Travels with the process object (fork copies it, spawn and
     forkserver pickle it, with a reference back to the process) and costs the parent
     nothing after ``start()``, which takes it off again."""
 
-    __slots__ = ("_owner", "_snap", "_sent")
+    __slots__ = ("_owner",)
 
     def __init__(self, owner: Any, snap: Snapshot) -> None:
+        # the class's run() bound to the process: what type(owner).run(owner) calls
+        _WithOrigin.__init__(self, type(owner).run.__get__(owner, type(owner)), snap)
         self._owner = owner
-        self._snap = snap
-        self._sent: Optional[bytes] = None
-
-    def __call__(self) -> None:
-        owner, snap = self._owner, self._snap
-        token = CURRENT_ORIGIN.set(snap)
-        ident = _get_ident()
-        prev = _running_get(ident)
-        RUNNING[ident] = snap
-        try:
-            type(owner).run(owner)
-        except Exception as exc:
-            _attach_if_absent(exc, snap)
-            _drop_own_entry(exc, sys._getframe())
-            raise
-        except BaseException as exc:
-            _drop_own_entry(exc, sys._getframe())
-            raise
-        finally:
-            RUNNING[ident] = prev
-            try:
-                CURRENT_ORIGIN.reset(token)
-            except Exception:
-                pass
 
     def __getattr__(self, name: str) -> Any:
         # Answers as the bound run() it stands for.
         if name.startswith("__") and name not in _FORWARDED and name != "__func__":
             raise AttributeError(name)
-        return getattr(type(self._owner).run.__get__(self._owner), name)
+        return getattr(self.__wrapped__, name)
 
     def __reduce__(self) -> tuple:
         return (_run_received, (self._owner, _sent_bytes(self)))

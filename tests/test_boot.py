@@ -33,7 +33,8 @@ def attrs(m):
                  getattr(spec, "_initializing", "-")],
         "path": getattr(m, "__path__", None),
         "dunders": sorted(k for k in vars(m) if k.startswith("__")),
-        "in_parent": getattr(sys.modules["monstack"], m.__name__.rpartition(".")[2], None) is m,
+        "in_parent": getattr(sys.modules[m.__name__.rpartition(".")[0] or m.__name__], m.__name__.rpartition(".")[2],
+                             None) is m,
     }
 names = [n for n in sys.modules if n == "monstack" or n.startswith("monstack.")]
 print(json.dumps({

@@ -33,7 +33,8 @@ from monstack._errors import MonstackWarning
 celery = engine_module("celery")
 from celery import chain  # noqa: E402
 
-from monstack import _celery  # noqa: E402
+from monstack import _points  # noqa: E402
+from monstack._points import celery as _celery  # noqa: E402
 
 PROGRAMS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "programs")
 sys.path.insert(0, PROGRAMS)
@@ -184,7 +185,7 @@ def test_a_malformed_header_is_ignored(eager_app, bad):
 
 
 def test_an_unsupported_celery_is_reported_and_left_alone(monkeypatch):
-    monkeypatch.setattr(_celery, "CELERY_MIN_VERSION", (99, 0))
+    monkeypatch.setitem(_points.MIN_VERSIONS, "celery", (99, 0))
     with pytest.warns(MonstackWarning, match="could not patch propagation point 'celery'"):
         monstack.install()
     assert "needs celery >= 99.0" in _propagate.FAILED["celery"]
@@ -199,8 +200,8 @@ def test_an_unsupported_celery_imported_later_runs_on():
     """The post-import path: install() first, then the program imports Celery."""
     code = (
         "import monstack\n"
-        "from monstack import _celery, _propagate\n"
-        "_celery.CELERY_MIN_VERSION = (99, 0)\n"
+        "from monstack import _points, _propagate\n"
+        "_points.MIN_VERSIONS['celery'] = (99, 0)\n"
         "monstack.install()\n"
         f"import sys; sys.path.insert(0, {PROGRAMS!r})\n"
         "import celery_app\n"
@@ -218,8 +219,8 @@ def test_an_unsupported_celery_imported_later_runs_on():
 
 def test_the_oldest_supported_version_is_what_is_installed_or_newer():
     version = tuple(int(p) for p in celery.__version__.split(".")[:2])
-    assert version >= _celery.CELERY_MIN_VERSION
-    _celery.check_version()
+    assert version >= _points.MIN_VERSIONS["celery"]
+    _points.check_version("celery")
 
 
 # -- real workers on a real redis -----------------------------------------------------------------

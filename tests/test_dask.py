@@ -1,4 +1,4 @@
-"""The ``dask`` propagation point (monstack/_dask.py) against a real
+"""The ``dask`` propagation point (monstack/_points/dask.py) against a real
 ``distributed.LocalCluster`` with worker processes on 127.0.0.1 (one cluster for the
 module: the workers boot monstack themselves, from ``MONSTACK=1`` in their environment)."""
 
@@ -18,7 +18,8 @@ distributed = engine_module("distributed")
 import dask_tasks as tasks  # noqa: E402
 
 import monstack  # noqa: E402
-from monstack import _dask, _format, _propagate  # noqa: E402
+from monstack import _format, _propagate  # noqa: E402
+from monstack._points import dask as _dask  # noqa: E402
 from monstack._errors import MonstackWarning  # noqa: E402
 
 TASKS = tasks.__file__
@@ -192,7 +193,7 @@ def test_submit_runs_under_the_submitting_line_and_its_failure_shows_it(client):
     assert backend is not None  # the worker booted monstack from MONSTACK=1
     assert text is not None and text.strip().startswith("fn, ln, backend, text = client.submit(")
     future = client.submit(tasks.fail, 1)  # @submit
-    _dask.forget()  # the client cannot attach it: the note comes from the worker
+    _dask.stop()  # the client cannot attach it: the note comes from the worker
     exc = _raised(future)
     assert isinstance(exc, ValueError) and str(exc) == "task failed on 1"
     text = notes(exc)

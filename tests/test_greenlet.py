@@ -1,4 +1,4 @@
-"""Greenlets (monstack/_greenlet.py): each greenlet's snapshots are its own real frames,
+"""Greenlets (monstack/_points/greenlet.py): each greenlet's snapshots are its own real frames,
 and gevent's ``monkey.patch_all()`` as a program's first line works under MONSTACK=1.
 Needs gevent (the ``integration`` extra)."""
 
@@ -13,7 +13,8 @@ import pytest
 from stackcheck import Mismatch, check
 
 import monstack
-from monstack import _greenlet, _stack
+from monstack import _stack
+from monstack._points import greenlet as _greenlet
 
 from conftest import expected_backend, integration_module
 

@@ -18,8 +18,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("_env", "_settings", "_errors"),  # facts and settings
     ("_policy", "_stack", "_colorize", "_format", "_snapshot"),  # the stack core
     ("_backend", "_cdata", "_native", "_accel", "_sysmon", "_evalframe", "_walk", "_select"),  # backends
-    ("_capture", "_threads", "_origin", "_greenlet", "_propagate", "_points", "_install", "_dask", "_celery"),  # install, origins, propagation
-    ("_startup", "_dump", "_dumpproto", "_dumpsig", "_dumpcli", "_pytest_plugin", "_run", "logging", "_demo", "_bench", "__main__", "__init__", "_boot"),  # faces
+    ("_capture", "_threads", "_origin", "_points", "_propagate", "_install"),  # install, origins, propagation
+    ("_startup", "_dump", "_dumpproto", "_dumpsig", "_dumptrust", "_dumpcli", "_pytest_plugin", "_run", "logging", "_demo", "_bench", "__main__", "__init__", "_boot"),  # faces
 )
 
 
@@ -71,9 +71,10 @@ def imports_of(path: Path, package: Path = PACKAGE) -> set[str]:
             if target is not None:
                 if target:
                     found.add(_top(".".join(target)))
-                else:  # from . import a, b
+                else:  # from . import a, b (not a name such as __version__)
                     for alias in node.names:
-                        found.add(alias.name)
+                        if not (alias.name.startswith("__") and alias.name.endswith("__")):
+                            found.add(alias.name)
         for child in ast.iter_child_nodes(node):
             visit(child)
 
@@ -182,3 +183,62 @@ def test_import_monstack_works_from_any_module_first(tmp_path):
     for m in mods:
         out = subprocess.run([sys.executable, "-c", code, m], capture_output=True, text=True, env=env, cwd=str(tmp_path))
         assert out.returncode == 0, f"importing monstack.{m} first failed:\n{out.stderr}"
+
+
+# -- inside the propagation points' package -------------------------------------------------
+
+POINTS = PACKAGE / "_points"
+
+
+def _points_imports(path: Path) -> set[str]:
+    """What a module of ``monstack/_points/`` imports: monstack's modules by package-level
+    name, and the package's own modules as ``_points.<name>`` (``_points`` for its base,
+    the package's ``__init__``)."""
+    found = set()
+    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, ast.ImportFrom) and node.level == 1:
+            if node.module:
+                found.add(f"_points.{node.module.split('.')[0]}")
+            else:
+                found.update(f"_points.{alias.name}" if (POINTS / f"{alias.name}.py").exists() else "_points"
+                             for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 2:
+            found.update([node.module.split(".")[0]] if node.module else [a.name for a in node.names])
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(tree)
+    return found
+
+
+def test_the_points_base_is_below_the_families_and_nothing_there_imports_the_switch():
+    """``_points/__init__`` (the contract, the registry, the shared state) imports no family;
+    the families import the base and each other, never ``_propagate`` or anything above it."""
+    base = _points_imports(POINTS / "__init__.py")
+    assert not [m for m in base if m.startswith("_points.")], base
+    families = sorted(p for p in POINTS.glob("*.py") if p.name != "__init__.py")
+    assert {p.stem for p in families} >= {"threading", "futures", "asyncio", "multiprocessing", "trio",
+                                          "celery", "dask", "greenlet"}
+    layer = layer_of("_points")
+    for path in [POINTS / "__init__.py", *families]:
+        deps = _points_imports(path)
+        assert "_propagate" not in deps and "_install" not in deps, (path.name, deps)
+        upward = [d for d in deps if not d.startswith("_points") and layer_of(d) >= layer and d != "_origin"
+                  and d not in ("_capture", "_threads")]
+        assert not upward, (path.name, upward)
+
+
+def test_the_registry_names_families_that_exist():
+    from monstack import _points
+
+    for parts in (*_points.REGISTRY.values(), _points.GREENLET_PARTS):
+        for _trigger, where in parts:
+            family, function = where.rsplit(".", 1)
+            source = (POINTS / f"{family}.py").read_text(encoding="utf-8")
+            assert f"\ndef {function}(" in source, where

@@ -27,6 +27,7 @@ import stackcheck
 
 import monstack
 from monstack import _origin, _points, _propagate, _snapshot
+from monstack._points import multiprocessing as _points_mp
 
 # The public names (monstack/__init__.py exports them; fall back while it is being wired).
 origin_of = getattr(monstack, "origin_of", _origin.origin_of)
@@ -375,10 +376,11 @@ def test_a_point_that_cannot_be_patched_at_import_says_so():
 
     code = (
         "import monstack\n"
-        "from monstack import _propagate\n"
+        "from monstack import _points, _propagate\n"
+        "from monstack._points import multiprocessing as family\n"
         "def boom():\n"
         "    raise RuntimeError('no such attribute here')\n"
-        "_propagate._APPLY['process'] = (('multiprocessing.process', boom),)\n"
+        "family.apply_process = boom\n"
         "monstack.install()\n"
         "import multiprocessing\n"
         "print('imported', _propagate.FAILED)\n"
@@ -420,11 +422,11 @@ def test_failed_process_start_leaves_the_process_as_it_was(installed):
 
 def test_processes_without_work_of_their_own_are_left_alone(installed):
     proc = multiprocessing.get_context("spawn").Process(target=None)
-    assert _points._bind_process_run(proc) is None
+    assert _points_mp._bind_process_run(proc) is None
     proc._target = "data, not a callable"
-    assert _points._bind_process_run(proc) is None
+    assert _points_mp._bind_process_run(proc) is None
     proc = multiprocessing.get_context("spawn").Process(target=monstack.wrap(operator.truediv))
-    assert _points._bind_process_run(proc) is None  # carries its own origin
+    assert _points_mp._bind_process_run(proc) is None  # carries its own origin
     assert "run" not in vars(proc)
 
 
@@ -441,10 +443,10 @@ def test_pool_and_manager_processes_are_left_alone(installed):
 
     for target in (cfp._process_worker, mpool.worker):
         proc = multiprocessing.get_context("spawn").Process(target=target)
-        assert _points._bind_process_run(proc) is None
+        assert _points_mp._bind_process_run(proc) is None
         assert proc._target is target and "run" not in vars(proc)
     proc = multiprocessing.get_context("spawn").Process(target=operator.truediv)
-    assert isinstance(_points._bind_process_run(proc), _origin._RunOf)
+    assert isinstance(_points_mp._bind_process_run(proc), _origin._RunOf)
     assert proc._target is operator.truediv  # the target itself is never replaced
 
 
@@ -928,7 +930,7 @@ def test_snapshot_failure_never_breaks_the_host(installed, monkeypatch):
     def broken():
         raise RuntimeError("internal")
 
-    monkeypatch.setattr(_propagate, "_snap", broken)
+    monkeypatch.setattr(_points, "_snap", broken)
     with cf.ThreadPoolExecutor(1) as pool:
         assert pool.submit(operator.add, 1, 2).result() == 3
     t = threading.Thread(target=lambda: None)

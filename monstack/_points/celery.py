@@ -1,8 +1,8 @@
 """The ``celery`` propagation point: a task shows the line that published it.
 
-Imported by ``_propagate`` only once the program imports Celery (never imported here:
-monstack has no dependencies). Three parts, each applied when its Celery module is
-imported, each checking that the point is still on:
+Loaded only once the program imports Celery (never imported here: monstack has no
+dependencies). Three parts, each applied when its Celery module is imported, each
+checking that the point is still on:
 
 - publish (``celery.signals``): a ``before_task_publish`` receiver puts the publishing
   snapshot in the message's headers under :data:`HEADER`, as plain JSON-safe records
@@ -45,10 +45,10 @@ import threading
 from collections import OrderedDict
 from typing import Any, Callable, Optional
 
-from . import _snapshot
-from ._env import CELERY_MIN_VERSION
-from ._origin import _attach_if_absent, _drop_own_entry
-from ._snapshot import CURRENT_ORIGIN, Snapshot
+from .. import _snapshot
+from .._origin import _attach_if_absent, _drop_own_entry
+from .._snapshot import CURRENT_ORIGIN, Snapshot
+from . import ON, check_version, patch, take
 
 #: The message header carrying the publishing snapshot (Celery's own ``origin`` header
 #: names the publishing host).
@@ -65,24 +65,12 @@ _DISPATCH_UID = "monstack.celery"
 _per_thread = threading.local()
 
 
-def check_version() -> None:
-    """Raise if the imported Celery is older than the oldest one the point supports."""
-    celery = sys.modules.get("celery")
-    text = str(getattr(celery, "__version__", "") or "")
-    try:
-        version = tuple(int(p) for p in text.split(".")[:2])
-    except ValueError:
-        version = ()
-    if len(version) < 2 or version < CELERY_MIN_VERSION:
-        oldest = ".".join(map(str, CELERY_MIN_VERSION))
-        raise RuntimeError(f"celery {text or '(unknown version)'} is not supported (needs celery >= {oldest})")
-
-
 # -- publish and run: signal receivers ----------------------------------------------------------
 
 
-def apply_signals(on: set, take: Callable[[], Optional[Snapshot]]) -> None:
-    check_version()
+def apply_signals() -> None:
+    check_version("celery")
+    on = ON
     signals = sys.modules["celery.signals"]
     publish, prerun, postrun = signals.before_task_publish, signals.task_prerun, signals.task_postrun
 
@@ -98,7 +86,7 @@ def apply_signals(on: set, take: Callable[[], Optional[Snapshot]]) -> None:
                     del headers[HEADER]
             return
         try:
-            snap = _publishing_snapshot(take)
+            snap = _publishing_snapshot()
             if snap is None:
                 return
             headers[HEADER] = _header_value(snap)
@@ -141,7 +129,7 @@ def apply_signals(on: set, take: Callable[[], Optional[Snapshot]]) -> None:
     postrun.connect(task_postrun, weak=False, dispatch_uid=_DISPATCH_UID)
 
 
-def _publishing_snapshot(take: Callable[[], Optional[Snapshot]]) -> Optional[Snapshot]:
+def _publishing_snapshot() -> Optional[Snapshot]:
     """The publishing line, linked to the origin it runs under; where no tracked code
     published (Celery after a task's body: chain steps, callbacks), that origin itself."""
     snap = take()
@@ -283,8 +271,9 @@ def _give_eager_header(request: Any, snap: Snapshot) -> None:
 # -- fail: the note before the exception is stored --------------------------------------------
 
 
-def apply_trace(patch: Callable[..., None], on: set) -> None:
-    check_version()
+def apply_trace() -> None:
+    check_version("celery")
+    on = ON
     trace = sys.modules["celery.app.trace"]
 
     def make(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -307,8 +296,9 @@ def apply_trace(patch: Callable[..., None], on: set) -> None:
 # -- get: what the publishing process submitted --------------------------------------------------
 
 
-def apply_result(patch: Callable[..., None], on: set) -> None:
-    check_version()
+def apply_result() -> None:
+    check_version("celery")
+    on = ON
     result = sys.modules["celery.result"]
 
     def make(original: Callable[..., Any]) -> Callable[..., Any]:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import sys
 
-from . import _stack
+from .. import _stack
 
 TYPE_CHECKING = False  # (no typing import at start-up)
 if TYPE_CHECKING:

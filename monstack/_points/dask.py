@@ -1,7 +1,7 @@
 """The ``dask`` propagation point: ``distributed.Client.submit`` and ``Client.map``.
 
-Patched by ``_propagate`` when the program imports ``distributed.client`` (never imported
-here: the engine's modules are taken from ``sys.modules``). What it does:
+Applied when the program imports ``distributed.client`` (never imported here: the
+engine's modules are taken from ``sys.modules``). What it does:
 
 - ``submit``/``map`` hand Dask the user's function wrapped (``_Submitted``) with the
   snapshot of the submitting line. Dask names tasks ``funcname(func)-token(func, args)``
@@ -26,8 +26,9 @@ import inspect
 import sys
 from typing import Any, Callable
 
-from ._origin import _attach_if_absent, _opaque, _sent_bytes, _WithOrigin
-from ._origin import _received as _origin_received
+from .._origin import _attach_if_absent, _opaque, _sent_bytes, _WithOrigin
+from .._origin import _received as _origin_received
+from . import ON, CannotEnable, patch, take
 
 #: Live keys' snapshots (key -> snapshot), for every client of this process: keys name
 #: tasks cluster-wide, and one key is one task. Dropped when a client releases the key;
@@ -40,29 +41,25 @@ _ORIGINS: dict = {}
 _DASK: dict[str, Any] = {}
 
 
-class Unrecognised(RuntimeError):
-    """This Dask's internals are not the ones the patch knows."""
-
-
 def recognise(client_mod: Any) -> None:
-    """Check that ``distributed.client`` looks as the patch expects; raise Unrecognised."""
+    """Check that ``distributed.client`` looks as the patch expects; raise CannotEnable."""
     version = getattr(sys.modules.get("distributed"), "__version__", "?")
     try:
         Client = client_mod.Client
         for name in ("submit", "map", "_release_key"):
             if not callable(Client.__dict__.get(name)):
-                raise Unrecognised(f"Client.{name} is missing")
+                raise CannotEnable(f"Client.{name} is missing")
         state_cls = client_mod.FutureState
         if not callable(state_cls.__dict__.get("set_error")):
-            raise Unrecognised("FutureState.set_error is missing")
+            raise CannotEnable("FutureState.set_error is missing")
         for name, needed in (("submit", {"func", "key", "pure", "actor", "actors"}),
                              ("map", {"func", "key", "pure", "actor", "actors", "batch_size"})):
             params = set(inspect.signature(Client.__dict__[name]).parameters)
             if not needed <= params:
-                raise Unrecognised(f"Client.{name} has no {sorted(needed - params)}")
+                raise CannotEnable(f"Client.{name} has no {sorted(needed - params)}")
         names = list(inspect.signature(state_cls.__dict__["set_error"]).parameters)
         if names != ["self", "exception", "traceback"] or "key" not in getattr(state_cls, "__slots__", ("key",)):
-            raise Unrecognised("FutureState.set_error(exception, traceback) changed")
+            raise CannotEnable("FutureState.set_error(exception, traceback) changed")
         core = sys.modules.get("distributed.core")
         tokenize_mod = sys.modules.get("dask.tokenize") or sys.modules.get("dask.base")
         utils = sys.modules.get("dask.utils")
@@ -70,11 +67,11 @@ def recognise(client_mod: Any) -> None:
         normalize = getattr(tokenize_mod, "normalize_token", None)
         funcname = getattr(utils, "funcname", None)
         if not (callable(clean) and callable(normalize) and callable(funcname)):
-            raise Unrecognised("clean_exception, normalize_token or funcname is missing")
-    except Unrecognised as exc:
-        raise Unrecognised(f"distributed {version}: {exc}") from None
+            raise CannotEnable("clean_exception, normalize_token or funcname is missing")
+    except CannotEnable as exc:
+        raise CannotEnable(f"distributed {version}: {exc}") from None
     except Exception as exc:
-        raise Unrecognised(f"distributed {version}: {type(exc).__name__}: {exc}") from None
+        raise CannotEnable(f"distributed {version}: {type(exc).__name__}: {exc}") from None
     _DASK.update(clean_exception=clean, normalize_token=normalize, funcname=funcname)
 
 
@@ -143,7 +140,7 @@ def _remember(keys: Any, snap: Any) -> None:
         pass
 
 
-def forget() -> None:
+def stop() -> None:
     """Drop every kept snapshot (the point is being unpatched)."""
     _ORIGINS.clear()
 
@@ -157,14 +154,14 @@ def _keys_of(result: Any) -> list:
         return []
 
 
-def make_patches(client_mod: Any, is_on: Callable[[], bool],
-                 take: Callable[[], Any]) -> list[tuple[Any, str, Callable[[Any], Any]]]:
-    """``(class, attribute, make(original) -> replacement)`` for ``_propagate._patch``."""
+def apply() -> None:
+    client_mod = sys.modules["distributed.client"]
+    recognise(client_mod)
 
     def make_submitter(original: Callable[..., Any]) -> Callable[..., Any]:
         # submit(self, func, *args, key=..., pure=..., ...) and map(self, func, *iterables, ...)
         def submit(self: Any, *args: Any, **kwargs: Any) -> Any:
-            if (not is_on() or not args or kwargs.get("actor") or kwargs.get("actors")
+            if ("dask" not in ON or not args or kwargs.get("actor") or kwargs.get("actors")
                     or isinstance(args[0], _WithOrigin)):
                 return original(self, *args, **kwargs)
             snap = take()
@@ -206,5 +203,7 @@ def make_patches(client_mod: Any, is_on: Callable[[], bool],
         return _release_key
 
     Client = client_mod.Client
-    return [(Client, "submit", make_submitter), (Client, "map", make_submitter),
-            (Client, "_release_key", make_release), (client_mod.FutureState, "set_error", make_set_error)]
+    patch(Client, "submit", make_submitter)
+    patch(Client, "map", make_submitter)
+    patch(Client, "_release_key", make_release)
+    patch(client_mod.FutureState, "set_error", make_set_error)

@@ -1,0 +1,154 @@
+"""The ``asyncio_tasks`` and ``asyncio_executor`` points: the event loop's
+``create_task`` and ``run_in_executor``, asyncio's and uvloop's (see
+``monstack._propagate``)."""
+
+from __future__ import annotations
+
+import sys
+
+from . import ON, patch, take
+from .. import _threads
+from .._origin import _attach_if_absent, carry, has_origin
+from .._snapshot import CURRENT_ORIGIN
+from .futures import _crosses_interpreters
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Callable
+
+_LOOPS = _threads.LOOPS
+_note_loop = _threads.note_loop
+
+
+def _make_create_task(original: Callable[..., Any]) -> Callable[..., Any]:
+    def create_task(self: Any, coro: Any, *args: Any, **kwargs: Any) -> Any:
+        if "asyncio_tasks" not in ON:
+            return original(self, coro, *args, **kwargs)
+        if id(self) not in _LOOPS:
+            _note_loop(self)
+        if kwargs.get("context") is not None:
+            return _create_task_in_context(original, self, coro, args, kwargs)
+        snap = take()
+        if snap is None:
+            return original(self, coro, *args, **kwargs)
+        token = CURRENT_ORIGIN.set(snap)  # the task copies the current context
+        try:
+            task = original(self, coro, *args, **kwargs)
+        finally:
+            CURRENT_ORIGIN.reset(token)
+        _when_task_done(task, snap)
+        return task
+
+    return create_task
+
+
+def _create_task_in_context(original: Callable[..., Any], loop: Any, coro: Any, args: tuple, kwargs: dict) -> Any:
+    """A task with an explicit context runs in that very Context object, which must not
+    gain our variable (the caller may share it or read it afterwards), so code inside
+    the task does not see the origin; its failure still gets it, from a done callback.
+    asyncio.run's (a Runner's) main task is left alone: its exception comes straight
+    out of asyncio.run(), under the line that called it."""
+    try:
+        if sys._getframe(2).f_globals.get("__name__") == "asyncio.runners":
+            return original(loop, coro, *args, **kwargs)
+    except Exception:
+        pass
+    snap = take()
+    task = original(loop, coro, *args, **kwargs)
+    if snap is not None:
+        _when_task_done(task, snap)
+    return task
+
+
+def _when_task_done(task: Any, snap: Any) -> None:
+    try:
+        if task.done():
+            # An eager task (eager_task_factory, 3.12+) that finished inside
+            # create_task: a done callback would only be scheduled, and the
+            # creator may await the task before it runs.
+            _task_done(snap, task)
+        else:
+            task.add_done_callback(_TaskDone(snap))
+    except Exception:
+        pass
+
+
+class _TaskDone:
+    """The done callback of a task: ``_task_done(snap, task)``."""
+
+    __slots__ = ("_snap",)
+
+    def __init__(self, snap: Any) -> None:
+        self._snap = snap
+
+    def __call__(self, task: Any) -> None:
+        _task_done(self._snap, task)
+
+
+# monstack._dump finds a task's origin by this class's name and module (the module it
+# had before the points became a package).
+_TaskDone.__module__ = "monstack._points"
+
+
+def apply_tasks() -> None:
+    import asyncio.base_events
+
+    patch(asyncio.base_events.BaseEventLoop, "create_task", _make_create_task)
+
+
+def _task_done(snap: Any, task: Any) -> None:
+    """Attach the creation site to a failed task's exception.
+
+    Registered when the task is created, so it runs before the callbacks of anything
+    awaiting the task (awaiters, gather, TaskGroup) and before "Task exception was never
+    retrieved" can be logged. Reads ``_exception`` rather than calling ``exception()``,
+    which would mark the exception retrieved and silence that message.
+    """
+    try:
+        if task.cancelled():
+            return
+        exc = task._exception
+        if isinstance(exc, Exception):
+            _attach_if_absent(exc, snap)
+    except Exception:
+        pass
+
+
+def _make_run_in_executor(original: Callable[..., Any]) -> Callable[..., Any]:
+    def run_in_executor(self: Any, executor: Any, func: Any, *args: Any) -> Any:
+        # Any executor: it receives a callable that answers as func does. Coroutine
+        # functions (and non-callables) reach the loop's own checks unwrapped, so
+        # asyncio's debug mode (uvloop: always) still refuses them with TypeError.
+        # asyncio.to_thread arrives here with partial(ctx.run, func): func is wrapped
+        # inside it (so `from asyncio import to_thread` before install() is covered too).
+        if "asyncio_executor" not in ON or has_origin(func) or _crosses_interpreters(executor):
+            # (an InterpreterPoolExecutor needs func as it is: thread_pool's submit
+            # attaches its origin when the future fails)
+            return original(self, executor, func, *args)
+        snap = take()
+        if snap is None:
+            return original(self, executor, func, *args)
+        return original(self, executor, carry(func, snap), *args)
+
+    return run_in_executor
+
+
+def apply_executor() -> None:
+    import asyncio.base_events
+
+    patch(asyncio.base_events.BaseEventLoop, "run_in_executor", _make_run_in_executor)
+
+
+# uvloop's loop is compiled, but ``uvloop.Loop`` (what ``uvloop.new_event_loop()``,
+# ``uvloop.run()`` and its policy create) is a Python subclass of it: the same
+# replacements are set on that subclass, in front of the compiled methods.
+# Third-party modules are taken from sys.modules (their import is what triggered the
+# patch), never imported here: monstack has no dependencies.
+def apply_uvloop_tasks() -> None:
+    uvloop = sys.modules["uvloop"]
+    patch(uvloop.Loop, "create_task", _make_create_task, inherited=True)
+
+
+def apply_uvloop_executor() -> None:
+    uvloop = sys.modules["uvloop"]
+    patch(uvloop.Loop, "run_in_executor", _make_run_in_executor, inherited=True)

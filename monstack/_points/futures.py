@@ -1,0 +1,100 @@
+"""The ``thread_pool`` and ``process_pool`` points: ``concurrent.futures`` executors'
+``submit`` (see ``monstack._propagate``)."""
+
+from __future__ import annotations
+
+import sys
+
+from . import ON, patch, take
+
+from .._origin import _attach_if_absent, carry, has_origin
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Callable
+
+
+def _make_submit(point: str) -> Callable[[Any], Any]:
+    def make(original: Callable[..., Any]) -> Callable[..., Any]:
+        def submit(self: Any, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+            if point not in ON or has_origin(fn):
+                return original(self, fn, *args, **kwargs)
+            snap = take()
+            if snap is None:
+                return original(self, fn, *args, **kwargs)
+            if _crosses_interpreters(self):
+                # 3.14+: the callable must be shareable with another interpreter as the
+                # user gave it (a wrapper is not): it runs unwrapped, and the exception
+                # it raised gets the origin in this interpreter, when the future fails.
+                future = original(self, fn, *args, **kwargs)
+                _attach_when_done(future, snap)
+                return future
+            carried = carry(fn, snap)
+            future = original(self, carried, *args, **kwargs)
+            if point == "process_pool" or carried is fn:  # fn unwrapped: a coroutine function...
+                _attach_when_done(future, snap)
+            return future
+
+        return submit
+
+    return make
+
+
+def _crosses_interpreters(executor: Any) -> bool:
+    """An ``InterpreterPoolExecutor`` (3.14+; a ThreadPoolExecutor subclass)?"""
+    module = sys.modules.get("concurrent.futures.interpreter")
+    cls = getattr(module, "InterpreterPoolExecutor", None) if module is not None else None
+    return cls is not None and isinstance(executor, cls)
+
+
+def _attach_when_done(future: Any, snap: Any) -> None:
+    """Parent side of a process or interpreter pool: attach the origin to the exception
+    the future fails with, if it does not carry it yet.
+
+    A process pool's child normally attaches it before the exception is pickled back;
+    this catches exceptions whose pickling drops attributes, and an interpreter pool's
+    work, which runs unwrapped. While the future is pending its ``set_exception`` is an
+    instance attribute that attaches first, so a caller woken by ``result()`` already sees
+    the origin; a done callback covers a worker that looked the method up just before
+    (it attaches a moment after the wake-up) and removes the instance attribute.
+    """
+    set_exception = future.set_exception
+
+    def attach_then_set(exception: BaseException) -> None:
+        try:
+            if isinstance(exception, Exception):
+                _attach_if_absent(exception, snap)
+        except Exception:
+            pass
+        set_exception(exception)
+
+    def done(fut: Any) -> None:
+        try:
+            fut.__dict__.pop("set_exception", None)  # also breaks fut -> closure -> fut
+            if not fut.cancelled():
+                exc = fut._exception  # not .exception(): never wait, never mark anything
+                if isinstance(exc, Exception):
+                    _attach_if_absent(exc, snap)
+        except Exception:
+            pass
+
+    try:
+        future.set_exception = attach_then_set
+        future.add_done_callback(done)
+    except Exception:
+        pass
+
+
+# Each class is patched in the module that defines it (its trigger in _APPLY), never
+# through ``concurrent.futures``: on 3.15 that package's names are lazy imports (PEP 810)
+# that cannot be resolved while the defining module's own import finishes.
+def apply_thread_pool() -> None:
+    import concurrent.futures.thread as cf_thread
+
+    patch(cf_thread.ThreadPoolExecutor, "submit", _make_submit("thread_pool"))
+
+
+def apply_process_pool() -> None:
+    import concurrent.futures.process as cf_process
+
+    patch(cf_process.ProcessPoolExecutor, "submit", _make_submit("process_pool"))

@@ -1,0 +1,227 @@
+"""The ``threading`` and ``start_new_thread`` points (see ``monstack._propagate``).
+
+Loaded at ``install()``: ``_thread`` is always imported, so ``start_new_thread``'s patch is
+applied then. Nothing here imports ``threading`` (a program that must run before it is
+imported, gevent's monkey-patching, still can under MONSTACK=1) nor, at import,
+``monstack._origin``.
+"""
+
+from __future__ import annotations
+
+import _thread
+import sys
+
+from . import ON, patch, take
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import threading
+    from typing import Any, Callable, Optional
+
+    from .._origin import _attach_if_absent, _drop_own_entry, _opaque, has_origin
+
+#: Targets that run many jobs (pool and manager processes, trio's cached worker threads):
+#: no single origin is theirs.
+INTERNAL_TARGET_MODULES = ("multiprocessing.", "concurrent.futures.", "trio._core._thread_cache")
+
+# What the replacements use from ``_origin``: bound by _load_origin().
+_ThreadStart: Any = None
+_ThreadRun: Any = None
+
+
+def _load_origin() -> None:
+    """Bind what the replacements here use from ``_origin`` (once)."""
+    global _attach_if_absent, _drop_own_entry, _opaque, has_origin, _ThreadStart, _ThreadRun
+    if _ThreadStart is not None:
+        return
+    from .. import _origin
+
+    _attach_if_absent, _drop_own_entry = _origin._attach_if_absent, _origin._drop_own_entry
+    _opaque, has_origin = _origin._opaque, _origin.has_origin
+    _ThreadRun = _define_thread_run(_origin._WithOrigin)
+    _ThreadStart = _define_thread_start(_origin._WithOrigin)
+
+
+# -- threading.Thread.start ------------------------------------------------------------------
+
+
+def apply_thread_start() -> None:
+    _load_origin()
+
+    def make(original: Callable[..., None]) -> Callable[..., None]:
+        def start(self: threading.Thread) -> None:
+            if "threading" not in ON:
+                return original(self)
+            bound = _bind_thread(self)
+            try:
+                return original(self)
+            except BaseException:
+                if bound:
+                    _unbind_thread(self, bound)
+                raise
+
+        return start
+
+    # (inherited: under gevent's monkey.patch_all(), threading.Thread is gevent's subclass)
+    patch(sys.modules["threading"].Thread, "start", make, inherited=True)
+
+
+def _bind_thread(thread: threading.Thread) -> Optional[tuple]:
+    """Give ``thread`` an instance-level ``run`` that runs the real one with an origin.
+
+    Not for the threads of pools (a ThreadPoolExecutor's workers, a multiprocessing
+    ThreadPool's workers and the handler threads of its pools): they run many jobs, each
+    with its own origin, and whichever call happened to start one is no origin of the
+    others.
+    """
+    try:
+        target = getattr(thread, "_target", None)
+        pool_mod = sys.modules.get("concurrent.futures.thread")
+        if pool_mod is not None and target is getattr(pool_mod, "_worker", None):
+            return None
+        if target is not None and str(getattr(target, "__module__", "") or "").startswith(INTERNAL_TARGET_MODULES):
+            return None
+        snap = take()
+        if snap is None:
+            return None
+        had = "run" in thread.__dict__
+        previous = thread.__dict__.get("run")
+        wrapper = _ThreadRun(thread.run, snap, thread)
+        bound = (wrapper, had, previous)
+        wrapper._bound = bound
+        thread.run = wrapper  # type: ignore[method-assign]
+        return bound
+    except Exception:
+        return None
+
+
+def _unbind_thread(thread: threading.Thread, bound: tuple) -> None:
+    """Remove our instance ``run`` (restoring one the user set) so nothing is kept alive."""
+    wrapper, had, previous = bound
+    try:
+        if thread.__dict__.get("run") is wrapper:
+            if had:
+                thread.__dict__["run"] = previous
+            else:
+                del thread.__dict__["run"]
+    except Exception:
+        pass
+
+
+def _define_thread_run(base: Any) -> Any:
+    """The class of a thread's instance-level ``run`` (defined once ``_origin`` is loaded)."""
+
+    class ThreadRun(base):
+        # The thread's ``run`` (bound, as it was at ``start()``) run with the starter's
+        # snapshot as its origin; afterwards it takes itself off the thread.
+
+        __doc__ = base.__dict__["__doc__"]  # (the property: answers as the run() it stands for)
+
+        __slots__ = ("_thread", "_bound")
+
+        def __init__(self, run: Any, snap: Any, thread: Any) -> None:
+            base.__init__(self, run, snap)
+            self._thread = thread
+            self._bound: Any = None
+
+        def __call__(self) -> None:  # type: ignore[override]
+            try:
+                base.__call__(self)
+            except BaseException as exc:
+                _drop_own_entry(exc, sys._getframe())
+                raise
+            finally:
+                thread, bound = self._thread, self._bound
+                self._thread = self._bound = None
+                if bound is not None:
+                    _unbind_thread(thread, bound)
+
+    ThreadRun.__name__ = ThreadRun.__qualname__ = "_ThreadRun"
+    return ThreadRun
+
+
+# -- _thread.start_new_thread --------------------------------------------------------------------
+
+
+def apply_start_new_thread() -> None:
+    def make(original: Callable[..., Any]) -> Callable[..., Any]:
+        def start_new_thread(function: Any, args: Any, *kwargs: Any) -> Any:
+            if "start_new_thread" not in ON or _threading_bootstrap(function):
+                return original(function, args, *kwargs)
+            _load_origin()  # (on the first call: see monstack._propagate)
+            if has_origin(function) or _opaque(function):
+                return original(function, args, *kwargs)
+            snap = take()
+            if snap is None:
+                return original(function, args, *kwargs)
+            return original(_ThreadStart(function, snap), args, *kwargs)
+
+        return start_new_thread
+
+    patch(_thread, "start_new_thread", make)
+    if "start_new" in _thread.__dict__:  # the obsolete synonym (its own builtin)
+        patch(_thread, "start_new", make)
+
+
+def _threading_bootstrap(function: Any) -> bool:
+    """``Thread.start`` on 3.11/3.12 (``threading._start_new_thread``, which is ours when
+    threading was imported after install()): the ``threading`` point's business."""
+    threading_mod = sys.modules.get("threading")
+    return threading_mod is not None and isinstance(getattr(function, "__self__", None), threading_mod.Thread)
+
+
+def _define_thread_start(base: Any) -> Any:
+    """The ``start_new_thread`` wrapper class (defined once ``_origin`` is loaded)."""
+
+    class ThreadStart(base):
+        """A ``start_new_thread`` function with an origin. The thread machinery hands it to
+        ``sys.unraisablehook`` as the failed object, so its repr is the function's."""
+
+        __slots__ = ()
+
+        def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return base.__call__(self, *args, **kwargs)
+            except Exception as exc:
+                _drop_own_entry(exc, sys._getframe())
+                if _report_unraisable(exc, self):
+                    return None
+                raise
+            except BaseException as exc:
+                _drop_own_entry(exc, sys._getframe())
+                raise
+
+        def __repr__(self) -> str:
+            try:
+                return repr(self.__wrapped__)
+            except Exception:
+                return base.__repr__(self)
+
+    ThreadStart.__name__ = ThreadStart.__qualname__ = "_ThreadStart"
+    return ThreadStart
+
+
+def _report_unraisable(exc: BaseException, function: Any) -> bool:
+    """The default ``sys.unraisablehook`` of 3.11-3.14 prints no notes: print its report
+    ourselves, with the note (what 3.15's default hook prints). True if printed; any
+    other hook (yours, pytest's) gets the exception as usual, note attached."""
+    from .. import _env
+
+    if _env.PYVERSION[:2] >= (3, 15) or sys.unraisablehook is not sys.__unraisablehook__:
+        return False
+    try:
+        import traceback
+
+        if _env.PYVERSION[:2] >= (3, 13):
+            head = f"Exception ignored in thread started by {function!r}:\n"
+        else:
+            head = f"Exception ignored in thread started by: {function!r}\n"
+        text = head + "".join(traceback.format_exception(exc))
+        stderr = sys.stderr
+        if stderr is None:
+            return True
+        stderr.write(text)
+        stderr.flush()
+        return True
+    except Exception:
+        return False
