@@ -79,9 +79,9 @@ def _version() -> str:
     """``monstack X.Y.Z (CPython a.b.c)``: what ``--version`` prints."""
     import platform
 
-    from monstack import __version__
+    import monstack
 
-    return f"monstack {__version__} ({platform.python_implementation()} {platform.python_version()})"
+    return f"monstack {monstack.__version__} ({platform.python_implementation()} {platform.python_version()})"
 
 
 #: Commands with a parser of their own: everything after the name is theirs (``run``: the
@@ -102,7 +102,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
         module = importlib.import_module(_OWN_PARSER[command[0]][0])
         return int(module.main(list(argv[1:])))
-    parser = argparse.ArgumentParser(prog="python -m monstack", description="monstack: where did this work come from?")
+    from monstack._run import OneLineParser
+
+    parser = OneLineParser(prog="python -m monstack", description="monstack: where did this work come from?")
     parser.add_argument("--version", action="version", version=_version())
     commands = ("demo", "info", *_OWN_PARSER)
     sub = parser.add_subparsers(dest="command", required=True, metavar="{" + ",".join(commands) + "}")

@@ -50,7 +50,8 @@ def install(
     the names in ``monstack.PROPAGATION_POINTS``. ``chain_limit``: how many origin hops
     a snapshot keeps (default 8). ``accelerator`` (``monitoring`` backend): None (default)
     uses the native callbacks where they can run unless ``MONSTACK_ACCELERATOR=0``; False
-    uses the pure-Python ones; True requires the native ones (RuntimeError otherwise).
+    uses the pure-Python ones; True requires the native ones (RuntimeError otherwise;
+    ValueError with ``backend="walk"``, which runs none).
     """
     if accelerator is not None and not isinstance(accelerator, bool):
         raise ValueError(f"accelerator must be None, True or False, got {accelerator!r}")
@@ -64,7 +65,13 @@ def install(
         "chain_limit": _propagate.check_chain_limit(chain_limit),
         "accelerator": accelerator,
     }
-    _select.check_choice(backend)  # ValueError before touching anything
+    choice = _select.check_choice(backend)  # ValueError before touching anything
+    if accelerator is True and choice == "walk":
+        where = f"backend={backend!r}" if backend is not None else f"MONSTACK_BACKEND={choice!r}"
+        raise ValueError(
+            f"accelerator=True conflicts with {where}: the walk backend runs no native code "
+            "(leave accelerator out, or choose the 'monitoring' backend)"
+        )
     policy = make_policy(track, options["include"], options["exclude"])
     with _lock:
         running = _capture.running()
@@ -73,6 +80,8 @@ def install(
                 return running.backend.name
             _uninstall_locked()
         cls, reason = _select.choose(backend)
+        if accelerator is True and cls.name == "walk":  # auto found nothing native to run
+            raise RuntimeError(f"accelerator=True but no backend with native code can run here ({reason})")
         _failure_reported = False  # each installation reports its own failure, once
         instance = cls(policy, _HOST, accelerator=accelerator)
         instance.start()

@@ -20,7 +20,7 @@ import os
 import runpy
 import sys
 from types import ModuleType, TracebackType
-from typing import Any, Optional, Sequence
+from typing import Any, NoReturn, Optional, Sequence
 
 from . import _settings, _startup
 
@@ -30,8 +30,16 @@ BOOT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_boot")
 PTH_NAME = "monstack-startup.pth"
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose usage errors are one line (``PROG: error: ...``, exit
+    code 2), without the usage block: ``--help`` has it."""
+
+    def error(self, message: str) -> "NoReturn":  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog=PROG,
         usage=USAGE,
         description="Run a Python program with monstack on (child Python processes too).",
@@ -96,17 +104,44 @@ def split_argv(argv: Sequence[str], parser: Optional[argparse.ArgumentParser] = 
 def configure(options: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, str]:
     """Validate the options with the same rules as the variables; -> variable: text."""
     values: dict[str, str] = {}
+    parsed: dict[str, Any] = {}
     for setting in _settings.SETTINGS:
         given = getattr(options, setting.var, None) if setting.flag else None
         if given is None:
             continue
         text = ",".join(given) if isinstance(given, list) else given
         try:
-            setting.parse(text)
+            parsed[setting.var] = setting.parse(text)
         except _settings.BadValue as exc:
             parser.error(f"{setting.flag} {text!r}: valid values: {exc.valid}")
         values[setting.var] = text
+    why = _cannot_run(parsed)
+    if why is not None:
+        parser.error(why)
     return values
+
+
+def _cannot_run(parsed: dict[str, Any]) -> Optional[str]:
+    """Why valid options cannot work in this process (what install() would refuse or
+    warn about once the program runs), or None: said up front, as a usage error."""
+    backend = parsed.get("MONSTACK_BACKEND", "auto")
+    if backend != "auto":
+        from . import _select
+
+        why_not = _select.reasons().get(backend)
+        if why_not is not None:
+            return f"--backend {backend!r} cannot run here: {why_not}"
+    if parsed.get("MONSTACK_ACCELERATOR") is True:
+        if backend == "walk":
+            return "--accelerator on conflicts with --backend walk: the walk backend runs no native code"
+    signal_name = parsed.get(_settings.DUMP_SIGNAL_ENV)
+    if signal_name is not None:
+        from . import _dumpsig
+
+        why = _dumpsig.refusal(signal_name)
+        if why is not None:
+            return f"--dump-signal: {why}"
+    return None
 
 
 def pth_active() -> bool:

@@ -106,7 +106,10 @@ def _parse_track(text: str) -> str:
 
 
 def _parse_rules(text: str) -> tuple[str, ...]:
-    return tuple(_words(text))
+    words = tuple(_words(text))
+    if not words and text.strip():  # ",,": a list that names nothing is a mistake
+        raise BadValue("module names or path prefixes, separated by commas or os.pathsep")
+    return words
 
 
 def _parse_chain_limit(text: str) -> int:
@@ -260,6 +263,46 @@ SETTINGS: tuple[Setting, ...] = (
 )
 
 
+#: ``MONSTACK_*`` variables read by the test suite, the bench and the tools, never by the
+#: package at start-up (docs/configuration.md, "Variables for developers"): not misspellings.
+INTERNAL_VARS: tuple[str, ...] = (
+    BENCH_NO_REHEARSAL_ENV,
+    "MONSTACK_TEST_CONFIG",
+    "MONSTACK_ORACLE_EXAMPLES",
+    "MONSTACK_STRESS",
+    "MONSTACK_STRESS_CALLS",
+    "MONSTACK_COMPAT_MODE",
+    "MONSTACK_COMPAT_LOG",
+    "MONSTACK_MULTIARCH_INCLUDE",
+)
+
+
+def _distance(a: str, b: str) -> int:
+    """Edit distance (insertions, deletions, substitutions; a swap of neighbours counts
+    one): difflib would import more than start-up should."""
+    previous2: list[int] = []
+    previous = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        row = [i]
+        for j, cb in enumerate(b, 1):
+            cost = min(previous[j] + 1, row[j - 1] + 1, previous[j - 1] + (ca != cb))
+            if i > 1 and j > 1 and ca == b[j - 2] and a[i - 2] == cb:
+                cost = min(cost, previous2[j - 2] + 1)
+            row.append(cost)
+        previous2, previous = previous, row
+    return previous[-1]
+
+
+def unknown_variable(name: str) -> Optional[str]:
+    """The message for a ``MONSTACK_*`` variable monstack does not read (a misspelling,
+    most likely) naming the closest one it does; None for a known or internal one."""
+    known = [ENABLE_VAR] + [setting.var for setting in SETTINGS]
+    if not name.startswith(ENABLE_VAR + "_") or name in known or name in INTERNAL_VARS:
+        return None
+    closest = min(known, key=lambda var: (_distance(name, var), var))
+    return f"{name} is not a monstack variable; did you mean {closest}?"
+
+
 class Config:
     """What the environment asks for."""
 
@@ -310,6 +353,10 @@ def read_env(environ: Optional[Mapping[str, str]] = None) -> Config:
         config.values[setting.var] = value
         if setting.option is not None:
             config.options[setting.option] = value
+    for name in env:
+        problem = unknown_variable(name)
+        if problem is not None:
+            config.problems.append(problem)
     if "backend" not in config.options:
         # Explicit, so install() does not read a bad MONSTACK_BACKEND again and raise.
         config.options["backend"] = "auto"

@@ -315,3 +315,13 @@ def test_snapshot_called_with_no_python_frame_at_all_does_not_raise(how, capfd):
     assert _thread._count() <= before
     err = capfd.readouterr().err
     assert "Traceback" not in err and "Exception" not in err, err
+
+
+def test_accelerator_with_the_walk_backend_is_refused_naming_the_conflict(monkeypatch):
+    with pytest.raises(ValueError, match=r"accelerator=True conflicts with backend='walk'"):
+        monstack.install(backend="walk", accelerator=True)
+    monkeypatch.setenv("MONSTACK_BACKEND", "walk")
+    with pytest.raises(ValueError, match=r"accelerator=True conflicts with MONSTACK_BACKEND='walk'"):
+        monstack.install(accelerator=True)
+    assert monstack.active_backend() is None  # refused before touching anything
+    assert monstack.install(backend="walk", accelerator=False) == "walk"  # no native code asked for: fine

@@ -302,3 +302,30 @@ def test_the_program_sees_what_plain_python_shows_it_under_safe_path(tmp_path):
     plain = _observed([sys.executable, "-P", "app/prog.py"], tmp_path)
     under_run = _observed([sys.executable, "-P", "-m", "monstack", "run", "app/prog.py"], tmp_path)
     assert under_run == plain
+
+
+def _unavailable_backend() -> str:
+    from monstack import _select
+
+    return next(name for name, why in _select.reasons().items() if why is not None)
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--backend", "UNAVAILABLE", "s.py"], "--backend 'UNAVAILABLE' cannot run here: "),
+        (["--dump-signal", "KILL", "s.py"], "--dump-signal: SIGKILL cannot be used: it cannot be caught"),
+        (["--dump-signal", "sigint", "s.py"], "--dump-signal: SIGINT cannot be used"),
+        (["--dump-signal", "NOPE", "s.py"], "--dump-signal: SIGNOPE does not exist on this platform"),
+        (["--backend", "walk", "--accelerator", "1", "s.py"], "--accelerator on conflicts with --backend walk"),
+        (["--include", ",,", "s.py"], "--include ',,': valid values: module names or path prefixes"),
+    ],
+)
+def test_what_would_fail_once_running_is_refused_up_front(tmp_path, argv, message):
+    """Rejected before the program runs: one line, exit 2 (not a warning once it runs)."""
+    argv = [a.replace("UNAVAILABLE", _unavailable_backend()) for a in argv]
+    message = message.replace("UNAVAILABLE", _unavailable_backend())
+    write(tmp_path / "s.py", "print('the program ran')\n")
+    out = run(argv, cwd=tmp_path)
+    assert out.returncode == 2 and out.stdout == "", out.stdout + out.stderr
+    assert out.stderr.startswith(f"{_run.PROG}: error: {message}") and out.stderr.count("\n") == 1, out.stderr

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -99,3 +101,77 @@ def test_every_setting_documents_itself():
     for s in _settings.SETTINGS:
         assert s.var.startswith("MONSTACK_") and s.valid and s.default and s.doc
         assert s.flag is None or s.flag.startswith("--")
+
+
+# -- mistakes that used to pass without a word --------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name, closest",
+    [
+        ("MONSTACK_TRAK", "MONSTACK_TRACK"),
+        ("MONSTACK_TRACKS", "MONSTACK_TRACK"),
+        ("MONSTACK_INLCUDE", "MONSTACK_INCLUDE"),
+        ("MONSTACK_BAKCEND", "MONSTACK_BACKEND"),
+        ("MONSTACK_DUMP_SIGANL", "MONSTACK_DUMP_SIGNAL"),
+        ("MONSTACK_COLOUR", "MONSTACK_COLOR"),
+        ("MONSTACK_CHAINLIMIT", "MONSTACK_CHAIN_LIMIT"),
+    ],
+)
+def test_a_misspelt_variable_is_a_problem_naming_the_closest_one(name, closest):
+    config = _settings.read_env({"MONSTACK": "1", name: "all"})
+    assert config.problems == [f"{name} is not a monstack variable; did you mean {closest}?"]
+    assert config.options == {"backend": "auto"}  # and nothing else is read from it
+
+
+def test_known_and_internal_variables_are_not_misspellings():
+    env = {"MONSTACK": "1", **{s.var: "" for s in _settings.SETTINGS}}
+    env.update({var: "1" for var in _settings.INTERNAL_VARS})
+    env.update({"MONSTACKS": "1", "XMONSTACK_TRAK": "1", "monstack_trak": "1"})  # not ours
+    assert _settings.read_env(env).problems == []
+    from pathlib import Path
+
+    documented = (Path(__file__).resolve().parent.parent / "docs" / "configuration.md").read_text()
+    for var in _settings.INTERNAL_VARS:  # each one is documented as a developer's variable
+        assert f"`{var}`" in documented or var == "MONSTACK_MULTIARCH_INCLUDE"  # (native/README.md)
+
+
+@pytest.mark.parametrize("var", ["MONSTACK_INCLUDE", "MONSTACK_EXCLUDE"])
+@pytest.mark.parametrize("value", [",,", " , ", os.pathsep])
+def test_a_list_that_names_nothing_is_a_problem(var, value):
+    config = _settings.read_env({"MONSTACK": "1", var: value})
+    [problem] = config.problems
+    assert problem.startswith(f"{var}={value!r} is not valid (valid values: module names or path prefixes")
+    assert var.split("_")[1].lower() not in config.options
+
+
+def test_the_distance_counts_a_swap_as_one():
+    assert _settings._distance("TRAK", "TRACK") == 1
+    assert _settings._distance("INLCUDE", "INCLUDE") == 1
+    assert _settings._distance("", "ABC") == 3 and _settings._distance("ABC", "ABC") == 0
+
+
+def _start(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("MONSTACK")}
+    environ["PYTHONPATH"] = os.path.join(os.path.dirname(__file__), "..", "monstack", "_boot")
+    environ.update(env)
+    return subprocess.run([sys.executable, *args, "-c", "pass"], env=environ, capture_output=True, text=True, timeout=120)
+
+
+def test_start_up_warnings_read_cleanly():
+    """No made-up location, "monstack" said once: the warning is about the environment."""
+    out = _start({"MONSTACK": "1", "MONSTACK_TRAK": "all"})
+    assert (out.returncode, out.stderr) == (
+        0, "MonstackWarning: MONSTACK_TRAK is not a monstack variable; did you mean MONSTACK_TRACK?\n")
+    out = _start({"MONSTACK": "1", "MONSTACK_INCLUDE": ",,"})
+    assert out.stderr.startswith("MonstackWarning: MONSTACK_INCLUDE=',,' is not valid (valid values: ") and (
+        out.stderr.count("\n") == 1), out.stderr
+
+
+def test_start_up_warnings_follow_the_warning_filters():
+    env = {"MONSTACK": "1", "MONSTACK_TRAK": "all"}
+    assert _start(env, "-W", "ignore::RuntimeWarning").stderr == ""  # MonstackWarning is one
+    out = _start(env, "-W", "error")  # cannot be raised at start-up: the same line
+    assert (out.returncode, out.stderr) == (
+        0, "MonstackWarning: MONSTACK_TRAK is not a monstack variable; did you mean MONSTACK_TRACK?\n")
+    assert _start({"MONSTACK": "0", "MONSTACK_TRAK": "all"}).stderr == ""  # off: not a word

@@ -58,7 +58,7 @@ def test_boot_off_installs_nothing_and_says_nothing(fresh_boot):
 def test_boot_with_an_unknown_monstack_value_warns_about_it_alone(fresh_boot):
     with pytest.warns(MonstackWarning) as caught:
         assert _startup.boot({"MONSTACK": "maybe", "MONSTACK_TRACK": "bogus"}) is None
-    assert [str(w.message).split(" is not valid")[0] for w in caught] == ["monstack: MONSTACK='maybe'"]
+    assert [str(w.message).split(" is not valid")[0] for w in caught] == ["MONSTACK='maybe'"]
     assert monstack.active_backend() is None
 
 
@@ -105,7 +105,7 @@ def test_warn_with_warnings_as_errors_writes_to_stderr(fresh_boot, capsys):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         _startup.warn("MONSTACK_X='y' is not valid")
-    assert "MonstackWarning: monstack: MONSTACK_X='y' is not valid" in capsys.readouterr().err
+    assert capsys.readouterr().err == "MonstackWarning: MONSTACK_X='y' is not valid\n"
 
 
 # -- the .pth line, in this process ------------------------------------------------------------

@@ -146,7 +146,9 @@ def _run_sections(cfg: Config, w: Any, sections: list, results: dict, saved: Opt
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """argv-style entry: ``[--quick] [--json] [--only SECTION[,SECTION]] [--rounds N]``."""
-    p = argparse.ArgumentParser(
+    from monstack._run import OneLineParser
+
+    p = OneLineParser(
         prog=PROG,
         description="what monstack costs, as ratios measured in one run",
         epilog="sections (all by default):\n" + "".join(f"  {name:9s} {SECTION_HELP[name]}\n" for name in SECTIONS),
