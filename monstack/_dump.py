@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
 from . import _capture, _format, _threads
 from ._colorize import ANSI, resolve
+from ._dumpproto import escape_controls
 from ._policy import _MONSTACK_DIR
 from ._snapshot import frame_record
 
@@ -124,6 +125,51 @@ def _pending_tasks(loop: Any) -> list:
     return out
 
 
+# -- control characters ----------------------------------------------------------------------
+# Names, reprs, file names and source lines come from the program (or whoever named its
+# threads and files): their control characters are escaped before they reach a terminal.
+
+
+def _safe_records(records: Iterable) -> list:
+    """Frame records -> 7-field records (the form whose line ``_format`` shows as carried)
+    with the file name, function name and source line escaped."""
+    out = []
+    for rec in records:
+        if len(rec) > 6:
+            line = rec[6] if isinstance(rec[6], str) else ""
+        else:
+            line = _format.source_line(rec[0], rec[1])
+        out.append((escape_controls(str(rec[0])), rec[1], escape_controls(str(rec[2])), rec[3], rec[4], rec[5],
+                    escape_controls(line.strip())))
+    return out
+
+
+class _EscapedSnapshot:
+    """A snapshot as ``_format.format_origin`` reads it, with escaped records."""
+
+    __slots__ = ("_snap",)
+
+    def __init__(self, snap: Any) -> None:
+        self._snap = snap
+
+    def _chain_limit(self) -> int:
+        return self._snap._chain_limit()
+
+    def chain(self, limit: Optional[int] = None) -> tuple:
+        older, dropped = self._snap.chain(limit)
+        return tuple(_EscapedSnapshot(hop) for hop in older), dropped
+
+    def _display_records(self) -> list:
+        return _safe_records(self._snap._display_records())
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._snap, name)
+
+
+def _origin_lines(snap: Any, color: bool) -> list[str]:
+    return _format.format_origin(_EscapedSnapshot(snap), color)
+
+
 # -- pieces of the report ------------------------------------------------------------------
 
 
@@ -137,7 +183,7 @@ def _frame_records(frame: Optional[FrameType]) -> list:
             recs.append(frame_record(code, f.f_lasti))
         f = f.f_back
     recs.reverse()
-    return recs
+    return _safe_records(recs)
 
 
 def _thread_heading(ident: int, thread: Any, me: int, color: bool) -> str:
@@ -153,7 +199,7 @@ def _thread_heading(ident: int, thread: Any, me: int, color: bool) -> str:
         native = getattr(thread, "native_id", None)
     else:
         name, daemon, native = None, "", None
-    parts = [f'Thread "{name}"' if name is not None else "Thread (not started by threading)"]
+    parts = [f'Thread "{escape_controls(str(name))}"' if name is not None else "Thread (not started by threading)"]
     detail = f"ident {ident:#x},{daemon}"
     if native is not None:
         detail += f" native id {native},"
@@ -166,7 +212,7 @@ def _thread_heading(ident: int, thread: Any, me: int, color: bool) -> str:
 
 def _task_name(task: Any) -> str:
     try:
-        return str(task.get_name())
+        return escape_controls(str(task.get_name()))
     except Exception:
         return "?"
 
@@ -196,7 +242,7 @@ def _await_chain(task: Any) -> tuple[list, Any]:
             if nxt is not None:
                 break
         coro = nxt
-    return recs, getattr(task, "_fut_waiter", None)
+    return _safe_records(recs), getattr(task, "_fut_waiter", None)
 
 
 def _task_origin(task: Any) -> Any:
@@ -217,7 +263,7 @@ def _short_repr(obj: Any, limit: int = 200) -> str:
         text = repr(obj)
     except Exception:
         text = f"<{type(obj).__name__} object>"
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    return escape_controls(text if len(text) <= limit else text[: limit - 3] + "...")
 
 
 def _task_section(task: Any, color: bool) -> list[str]:
@@ -236,7 +282,7 @@ def _task_section(task: Any, color: bool) -> list[str]:
             out.append(f"  awaiting {_short_repr(waiter)}\n")
     origin = _task_origin(task)
     if origin is not None:
-        lines = _format.format_origin(origin, color)
+        lines = _origin_lines(origin, color)
         if lines:
             lines[0] = _format.heading(TASK_ORIGIN_HEADING, color)
         out.extend(lines)
@@ -256,7 +302,7 @@ def _thread_section(ident: int, frame: Optional[FrameType], thread: Any, snap: A
         out.append("  (no Python frames)\n")
     origin = snap.origin if snap is not None else None
     if origin is not None:
-        out.extend(_format.format_origin(origin, color))
+        out.extend(_origin_lines(origin, color))
     return out
 
 
@@ -337,15 +383,16 @@ def report(*, color: bool = False, limit_bytes: Optional[int] = DEFAULT_LIMIT) -
                 if isinstance(tid, int):
                     t = active.get(tid)
                     name = getattr(t, "name", None)
-                    where = f' in thread "{name}"' if name else ""
+                    where = f' in thread "{escape_controls(str(name))}"' if name else ""
                     where += f" (ident {tid:#x})"
                 running = ""
                 try:
                     running = "running" if loop.is_running() else "not running"
                 except Exception:
                     pass
+                kind = escape_controls(f"{type(loop).__module__}.{type(loop).__qualname__}")
                 add("tasks", ["\n", _format.heading(
-                    f"Asyncio loop {type(loop).__module__}.{type(loop).__qualname__}{where}, {running}, "
+                    f"Asyncio loop {kind}{where}, {running}, "
                     f"{len(tasks)} pending task{'s' if len(tasks) != 1 else ''}:", color)])
                 for task in sorted(tasks, key=_task_name):
                     try:
@@ -375,6 +422,30 @@ def dump(file: Optional[IO[str]] = None) -> None:
     try:
         file.write(text)
         file.flush()
+    except Exception:
+        # A signal handler that interrupted a write to this very stream finds its buffer
+        # held (RuntimeError: reentrant call, from the write or from the flush, which drops
+        # the text): write to its file descriptor instead. Only then: pytest's capture and
+        # a redirected sys.stderr keep getting the report.
+        _write_fd(file, text)
+
+
+def _write_fd(file: Any, text: str) -> None:
+    """``text`` to ``file``'s descriptor (2 for a ``sys.stderr`` that has none) with
+    ``os.write``. Never raises."""
+    try:
+        fd = file.fileno()
+    except Exception:
+        if file is not sys.stderr and file is not sys.__stderr__:
+            return
+        fd = 2
+    try:
+        view = memoryview(text.encode("utf-8", "backslashreplace"))
+        while view:
+            try:
+                view = view[os.write(fd, view):]
+            except InterruptedError:
+                continue
     except Exception:
         pass
 

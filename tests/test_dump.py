@@ -7,6 +7,7 @@ import asyncio
 import io
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -217,6 +218,137 @@ def test_colour_decided_for_the_file(monkeypatch):
     quiet = FakeStream(tty=True)
     monstack.dump(quiet)
     assert "\x1b[" not in quiet.getvalue()
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGUSR2"), reason="POSIX signals")
+@pytest.mark.parametrize("write_through", [False, True], ids=["flush-fails", "write-fails"])
+def test_dump_from_a_signal_handler_that_interrupted_a_stderr_write(monkeypatch, tmp_path, write_through):
+    """The program's own handler calls monstack.dump() while the main thread is inside
+    sys.stderr's buffer (its lock held: RuntimeError, reentrant call): the report goes to
+    the stream's file descriptor instead of nowhere."""
+    fd = os.open(tmp_path / "stderr", os.O_WRONLY | os.O_CREAT, 0o600)
+    interrupt = []
+
+    class Raw(io.RawIOBase):
+        def writable(self):
+            return True
+
+        def fileno(self):
+            return fd
+
+        def write(self, data):
+            if interrupt:
+                interrupt.pop()
+                signal.raise_signal(signal.SIGUSR2)  # the handler runs here, in the flush
+            return os.write(fd, data)
+
+    stream = io.TextIOWrapper(io.BufferedWriter(Raw()), encoding="utf-8", write_through=write_through)
+    monkeypatch.setattr(sys, "stderr", stream)
+    called = []
+
+    def handler(signum, frame):
+        called.append(signum)
+        monstack.dump()
+
+    previous = signal.signal(signal.SIGUSR2, handler)
+    try:
+        stream.write("before\n")
+        interrupt.append(True)
+        stream.flush()
+        assert called == [signal.SIGUSR2] and not interrupt
+        stream.write("after\n")
+        stream.flush()
+    finally:
+        signal.signal(signal.SIGUSR2, previous)
+        stream.close()
+        os.close(fd)
+    text = (tmp_path / "stderr").read_text()
+    assert text.count("monstack dump:") == 1 and "test_dump_from_a_signal_handler" in text
+    assert text.startswith("monstack dump:") and text.endswith("before\nafter\n")
+
+
+def _controls(text: str) -> list[str]:
+    """C0 (but the line breaks), DEL and C1 characters in ``text``."""
+    return [c for c in text if (ord(c) < 0x20 and c != "\n") or 0x7F <= ord(c) < 0xA0]
+
+
+EVIL_FILE = "/nowhere/evil\x1b]0;title\x07.py"
+EVIL_SOURCE = (
+    "import threading\n"
+    "def park(started, event):\n"
+    "    started.set()  # \x1b[2J\x9b\n"
+    "    event.wait()  # \x1b[2J\x9b\n"
+    "def start(target, args, name):\n"
+    "    t = threading.Thread(target=target, args=args, name=name, daemon=True)\n"
+    "    t.start()  # \x1b[2J\x9b\n"
+    "    return t\n"
+    "async def wait_on(fut):\n"
+    "    await fut  # \x1b[2J\x9b\n"
+    "def create(loop, coro, name):\n"
+    "    return loop.create_task(coro, name=name)  # \x1b[2J\x9b\n"
+)
+
+
+def test_control_characters_from_the_program_are_escaped(monkeypatch):
+    """Thread, task and loop names, reprs, file names, function names and source lines may
+    hold terminal controls (a window title, clear screen): the report escapes them, keeps
+    its own colours and line breaks, and other non-ASCII text."""
+    import linecache
+
+    monstack.install()
+    monkeypatch.setitem(linecache.cache, EVIL_FILE, (len(EVIL_SOURCE), None, EVIL_SOURCE.splitlines(True), EVIL_FILE))
+    ns: dict = {}
+    exec(compile(EVIL_SOURCE, EVIL_FILE, "exec"), ns)
+    code = ns["park"].__code__
+    ns["park"].__code__ = code.replace(co_name="park\x1b[2J", co_qualname="park\x1b[2J")
+
+    class EvilFuture(asyncio.Future):
+        def __repr__(self):
+            return "<evil\x1b]0;x\x07 é>"
+
+    loop = type("Loop\x1b]0;x\x07", (asyncio.SelectorEventLoop,), {})()
+    started, release = threading.Event(), threading.Event()
+    parked = ns["start"](ns["park"], (started, release), "thread\x1b[31m\n\x7f é")
+    runner = ns["start"](loop.run_forever, (), "loop\x1b[2J")
+    holder = {}
+    try:
+        assert started.wait(30)
+
+        async def make():
+            holder["fut"] = EvilFuture()
+            holder["task"] = ns["create"](loop, ns["wait_on"](holder["fut"]), "task\x1b[2J\x9b")
+            await asyncio.sleep(0)  # the task runs to its await
+
+        asyncio.run_coroutine_threadsafe(make(), loop).result(30)
+        plain = _dump.report(color=False)
+        colored = _dump.report(color=True)
+    finally:
+        release.set()
+        if "fut" in holder:
+            loop.call_soon_threadsafe(holder["fut"].set_result, None)
+            asyncio.run_coroutine_threadsafe(asyncio.sleep(0), loop).result(30)
+        loop.call_soon_threadsafe(loop.stop)
+        runner.join(30)
+        parked.join(30)
+        loop.close()
+    from monstack._colorize import ANSI
+
+    for code in (v for k, v in vars(ANSI).items() if k.isupper()):
+        colored = colored.replace(code, "")
+    for text in (plain, colored):
+        assert _controls(text) == [], text
+        part = section(text, 'Thread "thread\\x1b[31m\\n\\x7f é"')
+        assert 'in park\\x1b[2J\n' in part
+        assert 'File "/nowhere/evil\\x1b]0;title\\x07.py", line 4' in part
+        assert "    event.wait()  # \\x1b[2J\\x9b\n" in part
+        work = part[part.index("Work created at"):]
+        assert "t.start()  # \\x1b[2J\\x9b" in work
+        assert 'Asyncio loop ' in text and 'Loop\\x1b]0;x\\x07 in thread "loop\\x1b[2J"' in text
+        task = section(text, 'Task "task\\x1b[2J\\x9b" (pending):')
+        assert "await fut  # \\x1b[2J\\x9b" in task
+        assert "awaiting <evil\\x1b]0;x\\x07 é>" in task
+        created = task[task.index("Task created at"):]
+        assert "loop.create_task(coro, name=name)  # \\x1b[2J\\x9b" in created
 
 
 def test_dump_later_fires_once_then_repeats_and_cancels():
