@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from ._origin import attach, current_origin, format_exception, origin, origin_of, print_exception, wrap
     from ._startup import install_from_env
     from ._threads import threads
+del TYPE_CHECKING  # (not part of the package's namespace)
 _LAZY = {
     "attach": "_origin",
     "current_origin": "_origin",

@@ -86,6 +86,13 @@ def _load(filename: str, source: str, namespace: dict) -> dict:
     return namespace
 
 
+def _listing(source: str) -> str:
+    """``source`` with line numbers, as the tracebacks above number its lines."""
+    lines = source.splitlines()
+    width = len(str(len(lines)))
+    return "".join(f"{number:>{width}}  {line}".rstrip() + "\n" for number, line in enumerate(lines, 1))
+
+
 def run_demo(file: Optional[IO[str]] = None) -> int:
     """Run the op-queue demo, writing what a user would see to ``file`` (default stdout).
 
@@ -121,6 +128,8 @@ def run_demo(file: Optional[IO[str]] = None) -> int:
         w(_format.format_traceback(failure, color) + "\n")
         w("With monstack, the same exception also says which line of *your* code queued the op:\n\n")
         w(format_exception(failure, color=color))
+        w("\n" + _format.heading(f"{APP_FILE}, the program the lines above point into", color))
+        w(_listing(APP_SOURCE))
         return 0 if origin_of(failure) is not None else 1
     finally:
         if installed_here:

@@ -78,3 +78,16 @@ def test_info_keeps_internals_for_verbose():
     if sys.version_info[:2] == (3, 11) and "backend: evalframe" in short.stdout:
         assert "shim counters: " in verbose.stdout and " at 0x" in verbose.stdout
         assert "(more with --verbose)" in short.stdout
+
+
+def test_demo_shows_the_program_it_points_into():
+    from monstack import _demo
+
+    out = monstack("demo")
+    assert (out.returncode, out.stderr) == (0, "")
+    assert f"see {_demo.APP_FILE} below" in out.stdout
+    listing = out.stdout.split(f"{_demo.APP_FILE}, the program the lines above point into\n", 1)[1]
+    culprit = next(i for i, t in enumerate(_demo.APP_SOURCE.splitlines(), 1) if '"activations", 4096' in t)
+    assert f'File "{_demo.APP_FILE}", line {culprit}, in build_model' in out.stdout
+    assert f'{culprit}      ops.submit(allocate, "activations", 4096)\n' in listing
+    assert len(listing.splitlines()) == len(_demo.APP_SOURCE.splitlines())

@@ -1,0 +1,29 @@
+"""The package's namespace and ``status()``: what a user sees of the API itself."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import monstack
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_dir_shows_the_public_api_and_nothing_else():
+    public = {name for name in dir(monstack) if not name.startswith("_")}
+    public.discard("logging")  # the monstack.logging submodule, once something imported it
+    assert "TYPE_CHECKING" not in dir(monstack)
+    assert public == set(monstack.__all__)
+    for name in monstack.__all__:
+        assert getattr(monstack, name) is not None
+
+
+def test_a_fresh_import_has_no_typing_helper_either():
+    code = "import monstack; print(hasattr(monstack, 'TYPE_CHECKING'), 'TYPE_CHECKING' in dir(monstack))"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MONSTACK")}
+    env["PYTHONPATH"] = str(REPO)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
+    assert out.stdout.split() == ["False", "False"], out.stderr
