@@ -83,12 +83,16 @@ def _run_dir(uid: int) -> "str | None":
     return None
 
 
-def _locate(uid: int) -> tuple[str, str, bool]:
-    """(parent directory, name in it, whether the parent is the user's own runtime dir)."""
+def _places(uid: int) -> list[tuple[str, str, bool]]:
+    """Where the private directory of ``uid`` may be, the one used first: (parent, name in
+    it, whether the parent is the user's runtime directory)."""
     run = _run_dir(uid)
-    if run is not None:
-        return run, "monstack", True
-    return BASE, f"monstack-{uid}", False
+    tmp = (BASE, f"monstack-{uid}", False)
+    return [(run, "monstack", True), tmp] if run is not None else [tmp]
+
+
+def _locate(uid: int) -> tuple[str, str, bool]:
+    return _places(uid)[0]
 
 
 def dir_path(uid: int) -> str:
@@ -124,7 +128,11 @@ def open_private_dir(uid: int, *, create: bool = False, gid: int = -1) -> int:
 
     ``create``: make it (0700) when missing; a root caller gives it to ``uid``/``gid``.
     """
-    parent, name, runtime = _locate(uid)
+    return _open_dir(_locate(uid), uid, create=create, gid=gid)
+
+
+def _open_dir(place: tuple[str, str, bool], uid: int, *, create: bool = False, gid: int = -1) -> int:
+    parent, name, runtime = place
     path = os.path.join(parent, name)
     try:
         # the runtime directory: opened without following a symlink, checked again on its fd
@@ -253,16 +261,31 @@ def start_time(pid: int) -> "int | None":
 # -- the target's side --------------------------------------------------------------------
 
 
-def arm(signum: int) -> tuple:
+def arm(signum: int) -> list[tuple]:
     """Write this process's marker (``armed-<pid>-<starttime>``: monstack's handler is on
-    ``signum``) in its private directory, made if missing. Returns what :func:`disarm`
-    needs to delete that very file; raises ``Refused`` or ``OSError``."""
+    ``signum``) in its private directory, made if missing, and also in ``/tmp``'s when the
+    runtime directory is used (it goes away when the user's last session ends; a process
+    started there keeps its marker in ``/tmp``). Returns what :func:`disarm` needs to
+    delete those very files; raises ``Refused`` or ``OSError`` when none could be written."""
     pid = os.getpid()
     start = start_time(pid)
     if start is None:
         raise Refused(f"/proc/{pid}/stat cannot be read")
     uid = os.geteuid()
-    dirfd = open_private_dir(uid, create=True)
+    armed: list[tuple] = []
+    first: "BaseException | None" = None
+    for place in _places(uid):
+        try:
+            armed.append(_arm_in(place, pid, start, uid, signum))
+        except (OSError, Refused) as exc:
+            first = first or exc
+    if not armed and first is not None:
+        raise first
+    return armed
+
+
+def _arm_in(place: tuple[str, str, bool], pid: int, start: int, uid: int, signum: int) -> tuple:
+    dirfd = _open_dir(place, uid, create=True)
     try:
         clean_stale(dirfd)
         name = armed_name(pid, start)
@@ -272,19 +295,19 @@ def arm(signum: int) -> tuple:
         write_new(dirfd, name, data)
         dst = os.fstat(dirfd)
         fst = os.stat(name, dir_fd=dirfd, follow_symlinks=False)
-        return (pid, uid, name, (dst.st_dev, dst.st_ino), (fst.st_dev, fst.st_ino), data)
+        return (pid, uid, place, name, (dst.st_dev, dst.st_ino), (fst.st_dev, fst.st_ino), data)
     finally:
         os.close(dirfd)
 
 
 def disarm(armed: tuple) -> bool:
-    """Delete the marker :func:`arm` wrote, only if it is still that file, in that
+    """Delete a marker :func:`arm` wrote, only if it is still that file, in that
     directory, and this is still that process (not a forked child). Never raises."""
     try:
-        pid, uid, name, dir_key, file_key, data = armed
+        pid, uid, place, name, dir_key, file_key, data = armed
         if os.getpid() != pid:
             return False
-        dirfd = open_private_dir(uid)
+        dirfd = _open_dir(place, uid)
     except Exception:
         return False
     try:
@@ -528,6 +551,24 @@ def read_armed(dirfd: int, pid: int, start_time: int, uid: int) -> "int | None":
         return None
     signum = int(words[2])
     return signum if 0 < signum < 128 else None
+
+
+def find_armed(pid: int, start_time: int, uid: int) -> "int | None":
+    """:func:`read_armed` in each place the target may have written its marker: the private
+    directory (``dir_path(uid)``), then ``/tmp``'s when that is the runtime directory. None
+    when no place has a valid marker (a directory that is not private is skipped)."""
+    for place in _places(uid):
+        try:
+            dirfd = _open_dir(place, uid)
+        except (OSError, Refused):
+            continue
+        try:
+            signum = read_armed(dirfd, pid, start_time, uid)
+        finally:
+            os.close(dirfd)
+        if signum is not None:
+            return signum
+    return None
 
 
 def remove_script(dirfd: int, pid: int, token: str, uid: int) -> None:

@@ -66,7 +66,7 @@ REFUSED: dict[str, str] = {
 
 #: (signal number, the handler it replaced) while ours is installed.
 _installed: list[tuple[int, Any]] = []
-#: What ``_dumpproto.disarm`` needs to delete this process's marker, while there is one.
+#: What ``_dumpproto.disarm`` needs to delete each of this process's markers.
 _armed: list[tuple] = []
 #: The handler is building a report / a signal arrived meanwhile (one more report).
 _busy = False
@@ -118,7 +118,7 @@ def _arm(signum: int) -> None:
     from . import _dumpproto
 
     try:
-        _armed.append(_dumpproto.arm(signum))
+        _armed.extend(_dumpproto.arm(signum))
     except (OSError, _dumpproto.Refused) as exc:
         warn_once(
             f"{DUMP_SIGNAL_ENV}: python -m monstack dump cannot find this process's handler "
@@ -146,7 +146,7 @@ def _after_fork_in_child() -> None:
             _armed.clear()  # the parent's: never deleted from here (disarm checks the pid)
             from . import _dumpproto
 
-            _armed.append(_dumpproto.arm(_installed[0][0]))
+            _armed.extend(_dumpproto.arm(_installed[0][0]))
     except Exception:
         pass
 

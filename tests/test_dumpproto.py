@@ -288,7 +288,7 @@ def _marker_path(pid: int) -> str:
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/PID/stat")
 def test_arm_writes_a_private_marker_that_read_armed_and_disarm_find(base):
     uid, pid = os.geteuid(), os.getpid()
-    armed = proto.arm(signal.SIGUSR1)  # makes the directory when missing
+    [armed] = proto.arm(signal.SIGUSR1)  # makes the directory when missing (no runtime dir: one place)
     path = _marker_path(pid)
     st = os.lstat(path)
     assert stat.S_ISREG(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o600 and st.st_uid == uid
@@ -303,13 +303,42 @@ def test_arm_writes_a_private_marker_that_read_armed_and_disarm_find(base):
         assert proto.disarm(armed) is True
         assert proto.read_armed(fd, pid, start, uid) is None
         assert proto.disarm(armed) is False
-        again = proto.arm(signal.SIGUSR2)
+        [again] = proto.arm(signal.SIGUSR2)
         os.unlink(path)
         proto.write_new(fd, os.path.basename(path), b"monstack-armed 1 12\n")  # not the file it wrote
         assert proto.disarm(again) is False
         assert proto.read_armed(fd, pid, start, uid) == 12
     finally:
         os.close(fd)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/PID/stat")
+def test_with_a_runtime_directory_the_marker_is_in_both_places(base):
+    """The runtime directory goes away with the user's last session: the marker in /tmp
+    still says the process is armed; find_armed looks in both."""
+    uid, pid = os.geteuid(), os.getpid()
+    start = proto.start_time(pid)
+    run = base / "run-user" / str(uid)
+    run.mkdir(parents=True)
+    os.chmod(run, 0o700)
+    armed = proto.arm(signal.SIGUSR1)
+    name = proto.armed_name(pid, start)
+    assert len(armed) == 2
+    assert os.path.exists(run / "monstack" / name) and os.path.exists(base / f"monstack-{uid}" / name)
+    assert proto.find_armed(pid, start, uid) == signal.SIGUSR1
+    assert proto.find_armed(pid, start + 1, uid) is None
+    os.unlink(run / "monstack" / name)
+    os.rmdir(run / "monstack")
+    os.rmdir(run)  # logged out
+    assert proto.find_armed(pid, start, uid) == signal.SIGUSR1
+    assert [proto.disarm(a) for a in armed] == [False, True]
+    assert proto.find_armed(pid, start, uid) is None
+    os.chmod(base / f"monstack-{uid}", 0o755)  # squatted /tmp: the runtime directory alone
+    run.mkdir()
+    os.chmod(run, 0o700)
+    armed = proto.arm(signal.SIGUSR2)
+    assert len(armed) == 1 and proto.find_armed(pid, start, uid) == signal.SIGUSR2
+    assert proto.disarm(armed[0]) is True
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/PID/stat")
