@@ -31,10 +31,17 @@ def _info(args: argparse.Namespace) -> int:
     for key, value in status.items():
         if key in ("backend", "reason") or (key in _INTERNALS and not verbose):
             continue
-        if isinstance(value, (list, tuple)):
+        if key == "C stack reserve" and isinstance(value, int):
+            value = f"{value // 1024} KiB per thread"
+        elif key == "propagation" and not value:
+            value = "off"
+        elif isinstance(value, dict):
+            value = "; ".join(f"{k} ({v})" for k, v in value.items()) if key == "propagation failed" else (
+                ", ".join(f"{k}={v}" for k, v in value.items()))
+        elif isinstance(value, (list, tuple)):
             value = ", ".join(map(str, value)) or "none"
-        elif isinstance(value, bool):
-            value = "yes" if value else "no"
+        elif value is None:
+            value = "-"
         elif not verbose and isinstance(value, str):
             value = re.sub(r" at 0x[0-9a-fA-F]+", "", value)  # where the native code sits: --verbose
         w(f"{key}: {value}\n")

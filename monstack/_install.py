@@ -104,11 +104,36 @@ def uninstall() -> None:
 
 
 def status() -> dict[str, Any]:
-    """What ``python -m monstack info`` prints: backend, reason, policy, backend details,
-    and the propagation points (on, waiting for their module's import, failed)."""
-    out = _capture.status()
-    if out.get("backend") is not None:
-        out.update(_propagate.describe())
+    """What ``python -m monstack info`` prints, as typed values: ``backend`` (a name, or
+    None when not installed), ``reason`` and ``policy`` (text), the backend's details
+    (``tool id``: int or None; ``accelerator``: ``"native"`` or ``"none (<why>)"``;
+    ``shim counters``: name -> int; ``C stack reserve``: bytes; descriptions as text),
+    ``propagation`` (the points on, a list), ``waiting for import`` (the modules whose
+    first import will patch a point, a list; absent when none), ``propagation failed``
+    (point -> why; absent when none)."""
+    out: dict[str, Any] = _capture.status()
+    running = _capture.running()
+    if out.get("backend") is None or running is None:
+        return {"backend": None}
+    backend = running.backend
+    if "tool id" in out:
+        tool = getattr(backend, "tool", None)
+        out["tool id"] = tool if isinstance(tool, int) else None
+    if "shim counters" in out:
+        counters: dict[str, int] = getattr(backend, "counters", dict)()
+        out["shim counters"] = {(k[2:] if k.startswith("n_") else k): int(v) for k, v in counters.items()}
+    if "C stack reserve" in out:
+        from ._evalframe import STACK_MARGIN
+
+        out["C stack reserve"] = STACK_MARGIN
+    text = _propagate.describe()  # the same facts as text (points and modules: no ", " inside)
+    on = text.get("propagation", "off")
+    out["propagation"] = [] if on == "off" else on.split(", ")
+    waiting = text.get("patched at import of")
+    if waiting:
+        out["waiting for import"] = waiting.split(", ")
+    if _propagate.FAILED:
+        out["propagation failed"] = dict(_propagate.FAILED)
     return out
 
 

@@ -27,3 +27,27 @@ def test_a_fresh_import_has_no_typing_helper_either():
     env["PYTHONPATH"] = str(REPO)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
     assert out.stdout.split() == ["False", "False"], out.stderr
+
+
+def test_status_values_are_typed():
+    assert monstack.status() == {"backend": None}
+    monstack.install(propagate=["threading", "dask"])
+    try:
+        status = monstack.status()
+        assert isinstance(status["backend"], str) and isinstance(status["reason"], str)
+        assert status["propagation"] == ["threading", "dask"]
+        waiting = status.get("waiting for import", [])
+        assert isinstance(waiting, list) and all(isinstance(name, str) for name in waiting)
+        for name in waiting:  # modules still to be imported, never ones already imported
+            assert name not in sys.modules, name
+        if status["backend"] == "monitoring":
+            assert isinstance(status["tool id"], int)
+            assert status["accelerator"] == "native" or status["accelerator"].startswith("none (")
+        if status["backend"] == "evalframe":
+            counters = status["shim counters"]
+            assert counters and all(isinstance(v, int) for v in counters.values()) and "push" in counters
+            assert isinstance(status["C stack reserve"], int) and status["C stack reserve"] > 0
+        monstack.install(propagate=False)
+        assert monstack.status()["propagation"] == [] and "waiting for import" not in monstack.status()
+    finally:
+        monstack.uninstall()

@@ -81,7 +81,7 @@ def test_auto_chooses_evalframe_and_installs_the_shim():
     assert _evalframe._current_eval(nat) == nat.entry
     status = monstack.status()
     assert "native shim at" in status["eval_frame"]
-    assert "push=" in status["shim counters"]
+    assert isinstance(status["shim counters"]["push"], int)
     monstack.uninstall()
     assert _evalframe._current_eval(nat) == nat.default
 

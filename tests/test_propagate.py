@@ -391,21 +391,21 @@ def test_a_point_that_cannot_be_patched_at_import_says_so():
     assert out.returncode == 0, out.stderr
     assert "imported {'process': 'RuntimeError: no such attribute here'}" in out.stdout
     assert "could not patch propagation point 'process'" in out.stderr
-    assert "status process (RuntimeError: no such attribute here)" in out.stdout
+    assert "status {'process': 'RuntimeError: no such attribute here'}" in out.stdout
 
 
 def test_status_names_the_points_and_the_modules_still_to_patch(installed):
     status = monstack.status()
-    assert status["propagation"] == ", ".join(monstack.PROPAGATION_POINTS)
+    assert status["propagation"] == list(monstack.PROPAGATION_POINTS)
     assert "propagation failed" not in status
     monstack.install(propagate=["threading", "dask"])
     status = monstack.status()
-    assert status["propagation"] == "threading, dask"
-    waiting = status.get("patched at import of", "").split(", ")
+    assert status["propagation"] == ["threading", "dask"]
+    waiting = status.get("waiting for import", [])
     assert ("threading" in sys.modules) != ("threading" in waiting)
     assert ("distributed.client" in sys.modules) != ("distributed.client" in waiting)
     monstack.install(propagate=False)
-    assert monstack.status()["propagation"] == "off"
+    assert monstack.status()["propagation"] == []
 
 
 def test_failed_process_start_leaves_the_process_as_it_was(installed):
