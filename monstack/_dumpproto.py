@@ -12,10 +12,12 @@ there), else ``/tmp/monstack-<uid>`` (:func:`dir_path`: caller and target comput
 same way, at each exchange).
 
 - A process that arms the dump signal writes ``armed-<pid>-<starttime>`` there (its start
-  time from ``/proc/PID/stat``: a reused pid does not match), holding the signal number, and
-  deletes it when it disarms: the caller sends a signal only to a process whose marker says
-  the handler is monstack's.
-
+  time from ``/proc/PID/stat``: a reused pid does not match), holding the signal number,
+  and in ``/tmp/monstack-<uid>`` too when the runtime directory is used (that one goes away
+  with the user's last session); it deletes them when it disarms. The caller sends a
+  signal only to a process whose marker says the handler is monstack's
+  (:func:`find_armed`, :func:`read_armed`). A marker can say no more than what the process
+  did at arming: a program that later replaces the handler without ``uninstall()`` keeps it.
 - The caller creates ``dump-<pid>-<token>.request`` there (``O_EXCL``/``O_NOFOLLOW``,
   0600, given to the target's uid) holding ``monstack-dump 1 <token> <color>``, then sends
   the signal or the remote script.
