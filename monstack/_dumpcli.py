@@ -1,15 +1,20 @@
 """``python -m monstack dump PID``: another process's monstack report, on stdout.
 
-Two ways in, the first that applies:
+Three ways in, the first that applies:
 
 - **The dump signal** (any version): the target declared ``MONSTACK_DUMP_SIGNAL`` (read
-  from ``/proc/PID/environ``) and ``/proc/PID/status`` shows a handler for it (``SigCgt``):
-  a signal with no handler would run its default action, which may kill the target, so it
-  is never sent without one. It reaches a main thread blocked in sleep, a lock or a join.
+  from ``/proc/PID/environ``), ``/proc/PID/status`` shows a handler for it (``SigCgt``), and
+  monstack's marker says monstack armed it in this process (``_dumpproto.read_armed``,
+  keyed by pid and start time). Never a signal monstack refuses to arm (INT, TERM...). Sent
+  through a pidfd after the start time is checked again. It reaches a main thread blocked
+  in sleep, a lock or a join.
 - **``sys.remote_exec``** (PEP 768, targets on CPython 3.14+): run with the target's own
-  interpreter when it is not this one (caller and target versions must match). The script
-  runs when the target's main thread next runs Python; a blocked main thread means a
-  timeout, after which the request is withdrawn and the late script does nothing.
+  interpreter when it is not this one (caller and target versions must match), and only
+  when ``_dumptrust`` finds nothing in it that another user than root or the caller can
+  change. The script runs when the target's main thread next runs Python.
+- **From outside** (3.14+, ``_dumpext``): when the main thread has not run the script
+  within ``REMOTE_WAIT`` seconds, or the signal got no answer, every thread's stack is read
+  from the process's memory; no origins.
 
 The report travels through the target user's private directory (see ``_dumpproto``). Bad
 input and every failure are one line on stderr and exit status 1. Linux only (``/proc``).
@@ -25,6 +30,7 @@ import time
 from typing import Optional, Sequence
 
 from . import _dumpproto as proto
+from . import _env
 from ._settings import DUMP_SIGNAL_ENV, env_dump_signal
 
 PROG = "python -m monstack dump"
@@ -71,6 +77,9 @@ class _Target:
             raise DumpError(f"cannot read /proc/{pid}/status") from None
         if fields.get("State", "").split()[:1] == ["Z"]:
             raise DumpError(f"process {pid} has ended (a zombie)")
+        self.start_time = proto.start_time(pid)
+        if self.start_time is None:
+            raise DumpError(f"no such process: {pid}")
         me = os.geteuid()
         if me != 0 and me != self.uid:
             raise DumpError(f"not permitted: process {pid} belongs to uid {self.uid} (run as that user or root)")
@@ -170,9 +179,16 @@ def _help() -> int:
     sys.stdout.write(
         f"{USAGE}\n\n"
         "Print another Python process's monstack report: every thread's stack and where its work\n"
-        "came from, every pending asyncio task. Uses the process's MONSTACK_DUMP_SIGNAL when it\n"
-        "has one, else sys.remote_exec (CPython 3.14+). See docs/dump-cli.md.\n\n"
+        "came from, every pending asyncio task. Linux only (it reads /proc).\n\n"
+        "Ways in, the first that applies:\n"
+        "  1. the process's dump signal: it was started with MONSTACK=1 MONSTACK_DUMP_SIGNAL=USR1\n"
+        "     (or 'python -m monstack run --dump-signal USR1'); works while its main thread is blocked\n"
+        "  2. sys.remote_exec (the process runs CPython 3.14+): the report runs when its main thread\n"
+        f"     next runs Python; after {REMOTE_WAIT:g} s without, the stacks are read from outside the\n"
+        "     process (no origins). Needs permission to debug it: its user or root.\n"
+        "Root never runs an interpreter that another user can change: it names the one to run instead.\n\n"
         f"  --timeout SECONDS  how long to wait for the answer (default {DEFAULT_TIMEOUT:g})\n"
+        "  -h, --help         this text\n"
     )
     return 0
 
@@ -201,16 +217,29 @@ class _Exchange:
         except OSError as exc:
             raise DumpError(f"cannot create {proto.dir_path(target.uid)}: {exc.strerror}") from None
         self.answered = False
+        self.posted = False
         proto.clean_stale(self.dirfd)
+
+    def armed(self) -> Optional[int]:
+        """The signal monstack's handler in the target armed (its marker), or None."""
+        assert self.target.start_time is not None
+        try:
+            return proto.find_armed(self.target.pid, self.target.start_time, self.target.uid)
+        except (OSError, proto.Refused):
+            return None
+
+    def post(self) -> None:
         color = "color" if _color() else "plain"
         try:
             proto.write_new(
-                self.dirfd, proto.request_name(target.pid, self.token),
-                f"{proto.MAGIC} {self.token} {color}\n".encode(), uid=target.uid, gid=target.gid,
+                self.dirfd, proto.request_name(self.target.pid, self.token),
+                f"{proto.MAGIC} {self.token} {color}\n".encode(), uid=self.target.uid, gid=self.target.gid,
             )
         except OSError as exc:
-            os.close(self.dirfd)
-            raise DumpError(f"cannot write the request in {proto.dir_path(target.uid)}: {exc.strerror}") from None
+            raise DumpError(
+                f"cannot write the request in {proto.dir_path(self.target.uid)}: {exc.strerror}"
+            ) from None
+        self.posted = True
 
     def script(self) -> str:
         """Write the remote script (this module's protocol, then one call); its path."""
@@ -244,8 +273,13 @@ class _Exchange:
             time.sleep(delay)
             delay = min(delay * 2, 0.05)
 
+    def abandon(self) -> None:
+        """The request will never be served (``sys.remote_exec`` failed): remove its files."""
+        proto.remove_script(self.dirfd, self.target.pid, self.token, self.target.uid)
+        self.posted = False
+
     def close(self) -> None:
-        if not self.answered:
+        if self.posted and not self.answered:
             proto.withdraw(self.dirfd, self.target.pid, self.token, self.target.uid, self.target.gid)
         os.close(self.dirfd)
 
@@ -277,10 +311,12 @@ def _remote_error(pid: int, text: str) -> DumpError:
         )
     if name == "ProcessLookupError":
         return DumpError(f"no such process: {pid}")
+    if "PyRuntime" in message or "address lookup failed" in message or "not a Python process" in message:
+        return DumpError(f"process {pid} is not a Python process (no CPython runtime found in it)")
     if "not enabled in the remote process" in message:
         return DumpError(
             f"remote debugging is disabled in process {pid} (PYTHON_DISABLE_REMOTE_DEBUG or "
-            f"-X disable_remote_debug); {HOW_TO_SIGNAL}"
+            f"-X disable-remote-debug); {HOW_TO_SIGNAL}"
         )
     if "not enabled" in message:
         return DumpError("remote debugging is disabled in this interpreter (PYTHON_DISABLE_REMOTE_DEBUG is set here)")
@@ -288,6 +324,50 @@ def _remote_error(pid: int, text: str) -> DumpError:
         f"cannot run code in process {pid} with sys.remote_exec ({text.strip()}): is it CPython 3.14+ "
         f"of the same version? {HOW_TO_SIGNAL}"
     )
+
+
+def _user_name(uid: int) -> str:
+    try:
+        import pwd
+
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except (ImportError, KeyError):
+        return f"uid {uid}"
+
+
+def _target_interpreter(target: _Target) -> str:
+    """The path of the target's interpreter, once checked safe for this caller to run:
+    nothing in it may be changed by anyone but root and the caller (``_dumptrust``)."""
+    pid = target.pid
+    try:
+        exe = os.readlink(f"/proc/{pid}/exe")
+    except PermissionError:
+        raise DumpError(f"not permitted to inspect process {pid} (uid {target.uid})") from None
+    except OSError:
+        raise DumpError(f"process {pid} is not a Python process (no executable)") from None
+    from ._dumptrust import Untrusted, check
+
+    me = os.geteuid()
+    try:
+        check(exe, pid, {0, me})
+    except Untrusted as exc:
+        shown = exe.removesuffix(" (deleted)")
+        raise DumpError(
+            f"refusing to run process {pid}'s interpreter {shown} as {_user_name(me)}: {exc}; run "
+            f"'{shown} -m monstack dump {pid}' as {_user_name(target.uid)} instead, or {HOW_TO_SIGNAL}"
+        ) from None
+    return exe
+
+
+def _run_interpreter(exe: str, args: Sequence[str], timeout: float) -> "subprocess.CompletedProcess[str]":
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MONSTACK")}
+    try:
+        return subprocess.run(
+            [exe, "-I", "-S", *args], env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, timeout=timeout, text=True, errors="replace",
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise DumpError(f"cannot run the interpreter {exe}: {exc}") from None
 
 
 def _remote_exec(target: _Target, script: str, why_no_signal: str) -> None:
@@ -315,18 +395,11 @@ def _remote_exec(target: _Target, script: str, why_no_signal: str) -> None:
                 raise _remote_error(pid, f"{type(exc).__name__}: {exc}") from None
             return
         raise DumpError(
-            f"{why_no_signal}, and this Python {sys.version_info[0]}.{sys.version_info[1]} cannot attach to "
+            f"{why_no_signal}, and this Python {_env.PYVERSION[0]}.{_env.PYVERSION[1]} cannot attach to "
             f"it ({base} is not a Python 3.14+ interpreter); {HOW_TO_SIGNAL}"
         )
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MONSTACK")}
-    try:
-        done = subprocess.run(
-            [exe, "-I", "-S", "-c", _HELPER, str(pid), script],
-            env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-            timeout=60, text=True, errors="replace",
-        )
-    except (OSError, subprocess.SubprocessError) as exc:
-        raise DumpError(f"cannot run process {pid}'s interpreter {exe}: {exc}") from None
+    exe = _target_interpreter(target)
+    done = _run_interpreter(exe, ["-c", _HELPER, str(pid), script], 60)
     lines = (done.stderr or "").strip().splitlines()
     last = lines[-1] if lines else f"exit status {done.returncode}"
     if done.returncode == 3 and last.startswith("no-remote-exec"):
@@ -338,57 +411,166 @@ def _remote_exec(target: _Target, script: str, why_no_signal: str) -> None:
         raise _remote_error(pid, last)
 
 
+def _send(target: _Target, signum: int) -> None:
+    """Signal the very process ``target`` read: through a pidfd, checked against the start
+    time, so a pid reused since then is never signalled."""
+    import signal
+
+    pid = target.pid
+    fd = -1
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        raise DumpError(f"no such process: {pid}") from None
+    except (AttributeError, OSError):
+        fd = -1  # no pidfd here (old kernel): the start time check below still narrows the race
+    try:
+        if proto.start_time(pid) != target.start_time:
+            raise DumpError(f"process {pid} has ended (its pid now names another process)")
+        try:
+            if fd >= 0:
+                signal.pidfd_send_signal(fd, signum)
+            else:
+                os.kill(pid, signum)
+        except ProcessLookupError:
+            raise DumpError(f"process {pid} has ended") from None
+        except PermissionError:
+            raise DumpError(f"not permitted to signal process {pid} (uid {target.uid})") from None
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+
+def _external(target: _Target, why: str) -> str:
+    """Every thread's stack read from outside the process (CPython 3.14+'s remote-debugging
+    reader, see ``_dumpext``), with a first line saying why and what is missing."""
+    pid = target.pid
+    from . import _dumpext
+
+    header = f"[python -m monstack dump: {why}: the stacks below were read from outside the process]\n"
+    if _env.REMOTE_DEBUGGING and _target_version(pid) in (None, _env.PYVERSION[:2]):
+        try:
+            return header + _dumpext.report(pid, color=_color())
+        except _dumpext.ExternalError as exc:
+            raise DumpError(str(exc)) from None
+    exe = _target_interpreter(target)
+    path = _dumpext.__file__
+    if path.endswith((".pyc", ".pyo")):
+        raise DumpError("monstack's _dumpext source is not installed (needed to read another version's stacks)")
+    with open(path, encoding="utf-8") as f:
+        source = f.read()
+    done = _run_interpreter(exe, ["-c", source, str(pid)] + (["--color"] if _color() else []), 60)
+    if done.returncode == 0:
+        return header + done.stdout
+    lines = (done.stderr or "").strip().splitlines()
+    last = lines[-1] if lines else f"exit status {done.returncode}"
+    raise DumpError(last.removeprefix("ExternalError: "))
+
+
+def _target_version(pid: int) -> Optional[tuple[int, int]]:
+    """The target's CPython minor version, from the files it has mapped, or None."""
+    import re
+
+    try:
+        with open(f"/proc/{pid}/maps", "rb") as f:
+            data = f.read(4 << 20).decode("utf-8", "replace")
+    except OSError:
+        return None
+    found = re.search(r"/(?:lib)?python3\.(\d+)", data)
+    if found is None:
+        try:
+            exe = os.readlink(f"/proc/{pid}/exe")
+        except OSError:
+            return None
+        found = re.match(r"python3\.(\d+)", os.path.basename(exe))
+    return (3, int(found.group(1))) if found else None
+
+
+#: How long the remote path waits for the target's main thread before reading its stacks
+#: from outside (3.14+): a blocked main thread never runs the script.
+REMOTE_WAIT = 2.0
+
+
 def dump_process(pid: int, timeout: float = DEFAULT_TIMEOUT) -> str:
     """The report of process ``pid``; raises :class:`DumpError` with the reason."""
     import signal
+
+    from ._dumpsig import REFUSED
 
     target = _Target(pid)
     declared = target.declared_signal()
     name = env_dump_signal({DUMP_SIGNAL_ENV: declared})
     signum = getattr(signal, name, None) if name else None
-    if isinstance(signum, int) and target.handles(signum):
+    why_no_signal = ""
+    if name in REFUSED:
+        why_no_signal = f"process {pid} sets {DUMP_SIGNAL_ENV}={declared}, which monstack refuses ({REFUSED[name]})"
+    elif isinstance(signum, int) and target.handles(signum):
         exchange = _Exchange(target)
         try:
-            try:
-                os.kill(pid, signum)
-            except ProcessLookupError:
-                raise DumpError(f"no such process: {pid}") from None
-            except PermissionError:
-                raise DumpError(f"not permitted to signal process {pid} (uid {target.uid})") from None
-            text = exchange.wait(timeout)
-            if text is None:
+            if exchange.armed() != signum:
+                why_no_signal = (
+                    f"process {pid} sets {DUMP_SIGNAL_ENV}={declared}, but its handler for it is not monstack's "
+                    "(no marker of monstack's arming it): not sent"
+                )
+            else:
+                exchange.post()
+                _send(target, signum)
+                text = exchange.wait(timeout)
+                if text is not None:
+                    return text
+                why = f"no answer to {name} within {timeout:g} s"
+                if (_target_version(pid) or _env.PYVERSION[:2]) >= _env.REMOTE_DEBUGGING_SINCE:
+                    try:
+                        return _external(target, why)
+                    except DumpError:
+                        pass
                 raise DumpError(
                     f"timed out after {timeout:g} s waiting for process {pid} to answer {name} (Python runs "
                     "signal handlers in the main thread between bytecodes: is it stuck in C code holding "
                     "the GIL?); the request is withdrawn"
                 )
-            return text
         finally:
             exchange.close()
-    why_no_signal = (
-        f"process {pid} sets {DUMP_SIGNAL_ENV}={declared} but has no handler for it (is monstack on there?)"
-        if declared
-        else f"process {pid} has no monstack dump signal ({DUMP_SIGNAL_ENV} unset)"
-    )
+    if not why_no_signal:
+        why_no_signal = (
+            f"process {pid} sets {DUMP_SIGNAL_ENV}={declared} but has no handler for it (is monstack on there?)"
+            if declared
+            else f"process {pid} has no monstack dump signal ({DUMP_SIGNAL_ENV} unset)"
+        )
     if target.environ.get("PYTHON_DISABLE_REMOTE_DEBUG"):
         raise DumpError(f"{why_no_signal}, and remote debugging is disabled there (PYTHON_DISABLE_REMOTE_DEBUG)")
     if os.environ.get("PYTHON_DISABLE_REMOTE_DEBUG"):
         raise DumpError(f"{why_no_signal}, and PYTHON_DISABLE_REMOTE_DEBUG is set here (no sys.remote_exec)")
     exchange = _Exchange(target)
     try:
+        exchange.post()
         try:
             script = exchange.script()
         except OSError as exc:
+            exchange.abandon()
             raise DumpError(f"cannot write the remote script: {exc.strerror}") from None
-        _remote_exec(target, script, why_no_signal)
-        text = exchange.wait(timeout)
-        if text is None:
-            raise DumpError(
-                f"timed out after {timeout:g} s: process {pid} has not run Python in its main thread since the "
-                "request (blocked in sleep, a lock, a join or I/O, or busy in C code); the request is withdrawn. "
-                "To dump a blocked process, start it with MONSTACK=1 MONSTACK_DUMP_SIGNAL=USR1"
-            )
-        return text
+        try:
+            _remote_exec(target, script, why_no_signal)
+        except DumpError:
+            exchange.abandon()
+            raise
+        first = min(timeout, REMOTE_WAIT)
+        text = exchange.wait(first)
+        if text is not None:
+            return text
+        try:
+            return _external(target, f"its main thread ran no Python for {first:g} s")
+        except DumpError as exc:
+            external_failed = str(exc)
+        text = exchange.wait(timeout - first) if timeout > first else None
+        if text is not None:
+            return text
+        raise DumpError(
+            f"timed out after {timeout:g} s: process {pid} has not run Python in its main thread since the "
+            "request (blocked in sleep, a lock, a join or I/O, or busy in C code); the request is withdrawn, "
+            f"and its stacks could not be read from outside ({external_failed}). "
+            "To dump a blocked process, start it with MONSTACK=1 MONSTACK_DUMP_SIGNAL=USR1"
+        )
     finally:
         exchange.close()
 

@@ -138,6 +138,13 @@ JIT_ENABLED: bool = bool(getattr(getattr(sys, "_jit", None), "is_enabled", lambd
 #: task's custom headers, celery#7523); an older one is reported as failed to patch.
 CELERY_MIN_VERSION: tuple[int, int] = (5, 3)
 
+#: The first CPython that another process can debug from outside (PEP 768): it runs a
+#: script sent with ``sys.remote_exec`` (gh-131591), and its ``_remote_debugging`` module
+#: reads another process's thread and asyncio stacks of its own version (gh-91048).
+REMOTE_DEBUGGING_SINCE: tuple[int, int] = (3, 14)
+#: This interpreter is one of those: ``python -m monstack dump`` can use both directly.
+REMOTE_DEBUGGING: bool = PYVERSION[:2] >= REMOTE_DEBUGGING_SINCE and hasattr(sys, "remote_exec")
+
 #: ``traceback.TracebackException.format(colorize=...)`` exists (3.13+).
 COLORIZED_TRACEBACKS: bool = PYVERSION[:2] >= (3, 13)
 

@@ -220,17 +220,106 @@ def test_a_declared_signal_without_a_handler_is_never_sent(targets):
 
 
 def test_a_signal_that_times_out_is_withdrawn(targets, monkeypatch):
-    """A process that never runs the handler in time: the CLI gives up and withdraws."""
+    """A process that never runs the handler in time: the CLI gives up and withdraws (on
+    3.14+ it then reads the stacks from outside, which a stopped process still allows)."""
     target = targets.start("loop", MONSTACK="1", MONSTACK_DUMP_SIGNAL="USR1")
     os.kill(target.pid, signal.SIGSTOP)  # stopped: the signal stays pending
     try:
         out = dump(target.pid, "--timeout", "0.5")
-        one_line_error(out, "timed out after 0.5 s", "SIGUSR1", "withdrawn")
+        if HAS_REMOTE:
+            assert out.returncode == 0, out.stderr
+            assert "no answer to SIGUSR1 within 0.5 s" in out.stdout.splitlines()[0]
+            assert "read from outside the process" in out.stdout.splitlines()[0]
+        else:
+            one_line_error(out, "timed out after 0.5 s", "SIGUSR1", "withdrawn")
     finally:
         os.kill(target.pid, signal.SIGCONT)
     time.sleep(0.5)  # the pending signal is handled now: it finds the withdrawal, says nothing
     assert target.poll() is None and targets.stderr(target) == ""
     assert [n for n in os.listdir(_dumpproto.dir_path(os.geteuid())) if n.startswith(f"dump-{target.pid}-")] == []
+
+
+def test_a_signal_monstack_refuses_is_never_sent(targets):
+    """Every Python process handles SIGINT: sending it would raise KeyboardInterrupt there."""
+    target = targets.start("loop", MONSTACK="1", MONSTACK_DUMP_SIGNAL="INT")
+    out = dump(target.pid, "--timeout", "20")
+    if HAS_REMOTE:  # the remote path instead
+        assert out.returncode == 0, out.stderr
+        assert MAIN_LINES["loop"] in out.stdout
+    else:
+        one_line_error(out, "MONSTACK_DUMP_SIGNAL=INT, which monstack refuses", "older than 3.14")
+    assert target.poll() is None
+    assert "Traceback" not in targets.stderr(target)
+
+
+OWN_HANDLER = """
+import signal, sys, time
+signal.signal(signal.SIGUSR1, lambda *a: sys.stderr.write("the program's own handler ran\\n"))
+print("ready", flush=True)
+while True:
+    time.sleep(0.01)
+"""
+
+
+def test_a_handler_that_is_not_monstacks_is_never_sent(targets, tmp_path):
+    """The variable is set but monstack is off: the program's own USR1 handler (a reload,
+    say) must not run because somebody asked for a dump."""
+    program = tmp_path / "own_handler.py"
+    program.write_text(OWN_HANDLER)
+    target = targets.start(script=program, MONSTACK_DUMP_SIGNAL="USR1")
+    out = dump(target.pid, "--timeout", "20")
+    if HAS_REMOTE:
+        assert out.returncode == 0, out.stderr
+    else:
+        one_line_error(out, "its handler for it is not monstack's", "older than 3.14")
+    assert target.poll() is None
+    assert "own handler ran" not in targets.stderr(target)
+
+
+def test_a_reused_pid_is_never_signalled(targets, monkeypatch):
+    """Between reading /proc and signalling, the target may end and its pid be reused: the
+    signal goes through a pidfd only after the start time is checked again."""
+    target = targets.start("loop", MONSTACK="1", MONSTACK_DUMP_SIGNAL="USR1")
+    read = _dumpcli._Target(target.pid)
+    sent: list = []
+    monkeypatch.setattr(signal, "pidfd_send_signal", lambda *a: sent.append(a), raising=False)
+    monkeypatch.setattr(os, "kill", lambda *a: sent.append(a))
+    real = _dumpproto.start_time
+    monkeypatch.setattr(_dumpproto, "start_time", lambda pid: (real(pid) or 0) + 1)
+    with pytest.raises(_dumpcli.DumpError, match="its pid now names another process"):
+        _dumpcli._send(read, signal.SIGUSR1)
+    assert sent == []
+    monkeypatch.setattr(_dumpproto, "start_time", real)
+    _dumpcli._send(read, 0)  # signal 0: the check passes, nothing is delivered
+    assert len(sent) == 1
+
+
+def _older_interpreter() -> "str | None":
+    """A CPython before 3.14 of another version than this one (pyenv's or on PATH)."""
+    import glob
+
+    candidates = sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.1[123].*/bin/python3.1[123]")))
+    for name in ("python3.13", "python3.12", "python3.11"):
+        found = shutil.which(name)
+        if found:
+            candidates.append(found)
+    for path in candidates:
+        out = subprocess.run([path, "-c", "import sys; print(sys.version_info[:2] != %r)" % (sys.version_info[:2],)],
+                             capture_output=True, text=True)
+        if out.stdout.strip() == "True":
+            return path
+    return None
+
+
+def test_a_failed_remote_exec_leaves_no_files(targets):
+    older = _older_interpreter()
+    if older is None:
+        if CI:
+            pytest.fail("no CPython before 3.14 of another version: CI requires one", pytrace=False)
+        pytest.skip("no CPython before 3.14 of another version here")
+    target = targets.start("loop", python=older)
+    one_line_error(dump(target.pid, "--timeout", "20"), "older than 3.14")
+    assert [n for n in os.listdir(_dumpproto.dir_path(os.geteuid())) if f"-{target.pid}-" in n] == []
 
 
 @pytest.mark.parametrize("program", ["hang_deadlock.py", "hang_pool.py", "hang_asyncio.py", "hang_sleep.py"])
@@ -285,14 +374,34 @@ def test_remote_path_without_monstack_says_so(targets):
 
 
 @remote
-def test_a_blocked_main_thread_times_out_and_the_late_script_stays_quiet(targets):
+def test_a_blocked_main_thread_is_read_from_outside_and_the_late_script_stays_quiet(targets):
     target = targets.start("sleep-then-loop", "4", "1", MONSTACK="1")
     out = dump(target.pid, "--timeout", "1")
-    one_line_error(out, "timed out after 1 s", "has not run Python in its main thread", "MONSTACK_DUMP_SIGNAL=USR1")
+    assert out.returncode == 0, out.stderr
+    first = out.stdout.splitlines()[0]
+    assert "its main thread ran no Python for 1 s" in first and "read from outside the process" in first
+    assert "Origins" in out.stdout and WORKER_LINES[0] in out.stdout  # the worker's stack, no origins
+    assert "time.sleep(float(sys.argv[2]))" in out.stdout  # the blocked main thread's line
+    assert WORKER_LINES[1] not in out.stdout
     assert target.stdout.readline() == b"done\n"  # the script ran meanwhile, quietly
     assert target.wait(30) == 0
     assert targets.stderr(target) == ""
     assert [n for n in os.listdir(_dumpproto.dir_path(os.geteuid())) if n.startswith(f"dump-{target.pid}-")] == []
+
+
+@remote
+@pytest.mark.parametrize("mode", ["sleep", "lock", "join"])
+def test_a_blocked_main_thread_of_monstack_alone_is_dumped_within_seconds(targets, mode):
+    """The usual hang, started with MONSTACK=1 alone (no dump signal): every thread's stack
+    within a few seconds, in the report's layout."""
+    target = targets.start(mode, MONSTACK="1")
+    out = dump(target.pid, "--timeout", "60")
+    assert out.returncode == 0, out.stderr
+    # read after REMOTE_WAIT seconds, not after the 60 s the script is given
+    assert f"ran no Python for {_dumpcli.REMOTE_WAIT:g} s" in out.stdout.splitlines()[0]
+    assert MAIN_LINES[mode] in out.stdout and WORKER_LINES[0] in out.stdout
+    assert "Stack (most recent call last):" in out.stdout
+    assert target.poll() is None
 
 
 @remote

@@ -32,7 +32,11 @@ def test_parse_refuses(argv):
         ("ProcessLookupError: no process", "no such process: 7"),
         ("RuntimeError: Remote debugging is not enabled in the remote process", "disabled in process 7"),
         ("RuntimeError: Remote debugging is not enabled", "disabled in this interpreter"),
-        ("RuntimeError: Failed to find the PyRuntime section", "is it CPython 3.14+"),
+        ("RuntimeError: Failed to find the PyRuntime section", "process 7 is not a Python process"),
+        ("RuntimeError: PyRuntime address lookup failed during debug offsets initialization",
+         "process 7 is not a Python process"),
+        ("RuntimeError: Can't send commands from a Python 3.14 process to a Python 3.13 process",
+         "is it CPython 3.14+ of the same version?"),
     ],
 )
 def test_remote_exec_errors_become_one_line(text, fragment):
