@@ -249,7 +249,7 @@ class _Exchange:
         call = (
             "\ntry:\n"
             f"    serve_remote({self.target.pid}, {self.token!r}, {path!r})\n"
-            "except BaseException:\n"
+            "except Exception:\n"  # KeyboardInterrupt/SystemExit: CPython prints them at least
             "    pass\n"
         )
         proto.write_new(self.dirfd, name, (source + call).encode("utf-8"), uid=self.target.uid, gid=self.target.gid)
