@@ -233,14 +233,14 @@ class _Sources:
             pfd = os.open(path, o_path | cloexec)
             try:
                 st = os.fstat(pfd)
-                if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_SOURCE_FILE:
+                if not _plain_file(st) or os.readlink(f"/proc/self/fd/{pfd}").startswith(_PSEUDO):
                     return None
                 fd = os.open(f"/proc/self/fd/{pfd}", flags)
             finally:
                 os.close(pfd)
         else:
             st = os.stat(path)
-            if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_SOURCE_FILE:
+            if not _plain_file(st) or os.path.realpath(path).startswith(_PSEUDO):
                 return None
             fd = os.open(path, flags)
         try:
@@ -263,6 +263,18 @@ class _Sources:
         self.budget -= size
         data = b"".join(chunks)
         return _decode_source(data).replace("\r\n", "\n").replace("\r", "\n").split("\n")
+
+
+#: Where files are the kernel's (reading one may have effects, or never end), not sources.
+_PSEUDO = ("/proc/", "/sys/", "/dev/")
+
+
+def _plain_file(st: os.stat_result) -> bool:
+    """A regular file of a size to read: an empty one (as /proc's and /sys's claim to be)
+    has no lines to show anyway."""
+    import stat
+
+    return stat.S_ISREG(st.st_mode) and 0 < st.st_size <= MAX_SOURCE_FILE
 
 
 def _decode_source(data: bytes) -> str:

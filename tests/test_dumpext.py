@@ -464,6 +464,9 @@ def test_hostile_names_files_and_depth(targets, ptrace_permitted, tmp_path):
         code = compile("def g():\\n    stop.wait()\\n", "/dev/zero", "exec")
         exec(code)
         threading.Thread(target=g, name="zero", daemon=True).start()
+        code = compile("def m():\\n    stop.wait()\\n", "/proc/self/status", "exec")
+        exec(code)
+        threading.Thread(target=m, name="procfs", daemon=True).start()
         def h():
             stop.wait()
         h.__code__ = h.__code__.replace(co_name="bad\\x1b]0;title\\x07", co_qualname="bad\\x1b]0;title\\x07",
@@ -478,16 +481,17 @@ def test_hostile_names_files_and_depth(targets, ptrace_permitted, tmp_path):
         """)
     target = targets.start(path, MONSTACK="1")
     started = time.monotonic()
-    text = read_until(target.pid, "# main: waiting", "# deep: waiting", "in f\n", "in g\n", "bad")
+    text = read_until(target.pid, "# main: waiting", "# deep: waiting", "in f\n", "in g\n", "in m\n", "bad", "in k\n")
     assert time.monotonic() - started < 10
     assert "\x1b" not in text and "\x07" not in text
     assert 'Thread "esc\\x1b[31m"' in text
-    assert 'File "/nowhere/\\x1b[2Jfile.py", line 21, in bad\\x1b]0;title\\x07\n' in text
+    assert 'File "/nowhere/\\x1b[2Jfile.py", line 24, in bad\\x1b]0;title\\x07\n' in text
     if sys.version_info >= (3, 15):  # (3.14's reader misreads file names outside Latin-1)
-        assert 'File "/nowhere/\u202enaïve ✓.py", line 26, in k\n' in text
+        assert 'File "/nowhere/\u202enaïve ✓.py", line 29, in k\n' in text
     # no source line (the next line is the next frame): a FIFO or a device is never read
     assert f'File "{fifo}", line 2, in f\n  File "' in section(text, 'Thread "fifo"')
     assert 'File "/dev/zero", line 2, in g\n  File "' in section(text, 'Thread "zero"')
+    assert 'File "/proc/self/status", line 2, in m\n  File "' in section(text, 'Thread "procfs"')
     deep = section(text, 'Thread "deep"')
     assert "  [Previous line repeated " in deep and "stop.wait()  # deep: waiting" in deep
     assert deep.count("\n  File ") <= _dumpext.MAX_FRAMES + 1
