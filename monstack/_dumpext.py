@@ -491,14 +491,17 @@ def _retry(call: Any, pid: int) -> Any:
 
 
 class _Thread:
-    __slots__ = ("tid", "interp", "frames", "status", "main")
+    __slots__ = ("tid", "interp", "frames", "status", "interp_main", "main")
 
     def __init__(self, tid: int, interp: Optional[int], frames: Any, status: Optional[int]) -> None:
         self.tid = tid
         self.interp = interp
         self.frames = frames
         self.status = status
-        self.main = bool(status is not None and status & _STATUS_MAIN_THREAD)
+        #: The main thread of its interpreter (3.15's flag; 3.14: found by _read)
+        self.interp_main = bool(status is not None and status & _STATUS_MAIN_THREAD)
+        #: The process's main thread: the main interpreter's main thread.
+        self.main = self.interp_main and not interp
 
 
 def _threads_of(result: Any) -> list[_Thread]:
@@ -533,6 +536,7 @@ class _Reading:
         self.awaited = awaited
         self.running = running if running is not None else set()
         self.why_no_tasks = why_no_tasks
+        self.other_interp: Optional[str] = None
 
 
 def _read(pid: int) -> _Reading:
@@ -563,16 +567,27 @@ def _read(pid: int) -> _Reading:
             partial = f"no thread's stack could be read: {escape(exc2)}"
             threads = []
         main_ids = {t.tid for t in threads}
-    if threads and not any(t.main for t in threads):
+    other_interp = None
+    if threads and not any(t.interp_main for t in threads):
         # 3.14 has no status flags; without all_threads it reads the main thread only.
         if main_ids is None:
             try:
                 main_ids = {t.tid for t in _threads_of(_retry(_unwinder(rd, pid).get_stack_trace, pid))}
             except Exception:
                 main_ids = {pid}  # the thread that started the process: the usual main thread
+        # 3.14 reads one interpreter, the newest: with a subinterpreter, not the main one,
+        # whose main thread is (Python started in it) the process's first thread.
+        subinterpreter = pid not in main_ids and pid in _os_threads(pid)
         for t in threads:
-            t.main = t.tid in main_ids
+            t.interp_main = t.tid in main_ids
+            t.main = t.interp_main and not subinterpreter
+        if subinterpreter:
+            other_interp = (
+                "CPython 3.14's reader reads one interpreter only, the most recently created: "
+                "these are a subinterpreter's threads, the main interpreter's are not shown"
+            )
     reading = _Reading(threads, partial)
+    reading.other_interp = other_interp
     try:
         reading.awaited = _retry(unwinder.get_all_awaited_by, pid)
     except ExternalError:
@@ -604,6 +619,8 @@ def _thread_heading(t: _Thread, pid: int, names: dict, show_interp: bool, color:
     state = _thread_state(pid, t.tid)
     if state:
         details.append(state)
+    if t.interp_main and not t.main:
+        details.append("its interpreter's main thread")
     if t.status is not None and t.status & _STATUS_HAS_GIL:
         details.append("holds the GIL")
     if t.main:
@@ -742,15 +759,21 @@ def report(pid: int, *, color: bool = False) -> str:
             loops_elsewhere.append(t.tid)
     if len(threads) > MAX_THREADS:
         add("threads", ["\n", _note(f"({len(threads) - MAX_THREADS} more Python thread(s) not shown)", color)])
-    if reading.partial:
-        add("threads", ["\n", _note(f"({reading.partial})", color)])
+    for problem in (reading.partial, reading.other_interp):
+        if problem:
+            add("threads", ["\n", _note(f"({problem})", color)])
     python_tids = {t.tid for t in threads}
     others = [tid for tid in _os_threads(pid) if tid not in python_tids]
     if others:
         listed = ", ".join(
             f'"{escape(_thread_name(pid, tid) or "?")}" ({tid})' for tid in others[:20]
         ) + (", ..." if len(others) > 20 else "")
-        what = "not read" if reading.partial else "run no Python code"
+        if reading.partial or reading.other_interp:
+            what = "not read"
+        elif sys.version_info < (3, 15):
+            what = "not seen by the reader (no Python thread state)"
+        else:
+            what = "run no Python code"
         add("threads", ["\n", _note(f"{len(others)} more OS thread(s) {what}: {listed}", color)])
 
     if why:

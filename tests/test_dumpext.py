@@ -527,6 +527,36 @@ def test_a_stack_deeper_than_the_reader_walks(targets, ptrace_permitted):
     assert ", 1 thread\n" in text.splitlines(keepends=True)[0]
 
 
+@reader
+def test_a_subinterpreter(targets, ptrace_permitted):
+    """3.15's reader reads every interpreter; 3.14's the newest only, and the report says
+    the main interpreter's threads are missing rather than calling another thread main."""
+    path = targets.script("subinterp.py", """\
+        import threading
+        from concurrent import interpreters
+
+        interp = interpreters.create()
+        code = "import time\\ndef sub_wait():\\n    time.sleep(3600)\\nsub_wait()"
+        threading.Thread(target=interp.exec, args=(code,), name="runs-sub", daemon=True).start()
+        print("ready", flush=True)
+        threading.Event().wait()  # main: waiting
+        """)
+    target = targets.start(path)
+    if sys.version_info >= (3, 15):
+        text = read_until(target.pid, "# main: waiting", "in sub_wait")
+        assert f"Main thread (native id {target.pid}, interpreter 0, " in text
+        sub = section(text, 'Thread "runs-sub" (native id ')
+        assert "in Interpreter.exec" in sub  # its thread state in the main interpreter
+        sub_main = [line for line in text.splitlines() if ", interpreter 1, " in line]
+        assert len(sub_main) == 1 and sub_main[0].endswith("its interpreter's main thread):"), sub_main
+    else:
+        text = read_until(target.pid, "in sub_wait")
+        assert "Main thread" not in text
+        assert "its interpreter's main thread" in section(text, 'Thread "runs-sub"')
+        assert "the main interpreter's are not shown" in text
+        assert 'more OS thread(s) not read: "' in text and f"({target.pid})" in text
+
+
 # -- bounds and escapes (no process) ----------------------------------------------------------
 
 
