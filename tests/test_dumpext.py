@@ -18,7 +18,10 @@ import pytest
 
 from monstack import _dumpext
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the targets' threads are read from /proc")
+pytestmark = [
+    pytest.mark.integration,  # real processes: once per CPython, not once per configuration
+    pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the targets' threads are read from /proc"),
+]
 
 HERE = Path(__file__).resolve().parent
 PROGRAMS = HERE / "programs"
