@@ -48,7 +48,7 @@ from typing import Any, Callable, Optional
 from .. import _snapshot
 from .._origin import _attach_if_absent, _drop_own_entry
 from .._snapshot import CURRENT_ORIGIN, Snapshot
-from . import ON, check_version, patch, take
+from . import ON, binder, check_version, patch, take
 
 #: The message header carrying the publishing snapshot (Celery's own ``origin`` header
 #: names the publishing host).
@@ -277,6 +277,8 @@ def apply_trace() -> None:
     trace = sys.modules["celery.app.trace"]
 
     def make(original: Callable[..., Any]) -> Callable[..., Any]:
+        bind = binder(original)  # called as Python would: through __get__
+
         def handle_failure(self: Any, task: Any, req: Any, *args: Any, **kwargs: Any) -> Any:
             if POINT in on:
                 try:
@@ -286,7 +288,7 @@ def apply_trace() -> None:
                         _attach_if_absent(exc, snap)
                 except Exception:
                     pass
-            return original(self, task, req, *args, **kwargs)
+            return bind(self, type(self))(task, req, *args, **kwargs)
 
         return handle_failure
 
@@ -302,9 +304,11 @@ def apply_result() -> None:
     result = sys.modules["celery.result"]
 
     def make(original: Callable[..., Any]) -> Callable[..., Any]:
+        bind = binder(original)  # called as Python would: through __get__
+
         def get(self: Any, *args: Any, **kwargs: Any) -> Any:
             try:
-                return original(self, *args, **kwargs)
+                return bind(self, type(self))(*args, **kwargs)
             except Exception as exc:
                 if POINT in on and SUBMITTED:
                     try:

@@ -28,7 +28,7 @@ from typing import Any, Callable
 
 from .._origin import _attach_if_absent, _opaque, _sent_bytes, _WithOrigin
 from .._origin import _received as _origin_received
-from . import ON, CannotEnable, patch, take
+from . import ON, CannotEnable, binder, patch, take
 
 #: Live keys' snapshots (key -> snapshot), for every client of this process: keys name
 #: tasks cluster-wide, and one key is one task. Dropped when a client releases the key;
@@ -159,21 +159,23 @@ def apply() -> None:
     recognise(client_mod)
 
     def make_submitter(original: Callable[..., Any]) -> Callable[..., Any]:
+        bind = binder(original)  # called as Python would: through __get__
         # submit(self, func, *args, key=..., pure=..., ...) and map(self, func, *iterables, ...)
         def submit(self: Any, *args: Any, **kwargs: Any) -> Any:
             if ("dask" not in ON or not args or kwargs.get("actor") or kwargs.get("actors")
                     or isinstance(args[0], _WithOrigin)):
-                return original(self, *args, **kwargs)
+                return bind(self, type(self))(*args, **kwargs)
             snap = take()
             if snap is None:
-                return original(self, *args, **kwargs)
-            result = original(self, _carried(args[0], snap), *args[1:], **kwargs)
+                return bind(self, type(self))(*args, **kwargs)
+            result = bind(self, type(self))(_carried(args[0], snap), *args[1:], **kwargs)
             _remember(_keys_of(result), snap)
             return result
 
         return submit
 
     def make_set_error(original: Callable[..., Any]) -> Callable[..., Any]:
+        bind = binder(original)  # called as Python would: through __get__
         # Every failure a client learns of (task-erred, KilledWorker from the scheduler)
         # is set here, before the future's waiters are woken.
         def set_error(self: Any, exception: Any, traceback: Any) -> Any:
@@ -188,17 +190,19 @@ def apply() -> None:
                             exception, traceback = exc, tb
                 except Exception:
                     pass
-            return original(self, exception, traceback)
+            return bind(self, type(self))(exception, traceback)
 
         return set_error
 
     def make_release(original: Callable[..., Any]) -> Callable[..., Any]:
+        bind = binder(original)  # called as Python would: through __get__
+
         def _release_key(self: Any, key: Any, *args: Any, **kwargs: Any) -> Any:
             try:
                 _ORIGINS.pop(key, None)
             except Exception:
                 pass
-            return original(self, key, *args, **kwargs)
+            return bind(self, type(self))(key, *args, **kwargs)
 
         return _release_key
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import _thread
 import sys
 
-from . import ON, patch, take
+from . import ON, binder, patch, take
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -27,17 +27,19 @@ INTERNAL_TARGET_MODULES = ("multiprocessing.", "concurrent.futures.", "trio._cor
 # What the replacements use from ``_origin``: bound by _load_origin().
 _ThreadStart: Any = None
 _ThreadRun: Any = None
+_METHOD_TYPE: Any = None
 
 
 def _load_origin() -> None:
     """Bind what the replacements here use from ``_origin`` (once)."""
-    global _attach_if_absent, _drop_own_entry, _opaque, has_origin, _ThreadStart, _ThreadRun
+    global _attach_if_absent, _drop_own_entry, _opaque, has_origin, _ThreadStart, _ThreadRun, _METHOD_TYPE
     if _ThreadStart is not None:
         return
     from .. import _origin
 
     _attach_if_absent, _drop_own_entry = _origin._attach_if_absent, _origin._drop_own_entry
     _opaque, has_origin = _origin._opaque, _origin.has_origin
+    _METHOD_TYPE = _origin._METHOD_TYPE
     _ThreadRun = _define_thread_run(_origin._WithOrigin)
     _ThreadStart = _define_thread_start(_origin._WithOrigin)
 
@@ -49,12 +51,14 @@ def apply_thread_start() -> None:
     _load_origin()
 
     def make(original: Callable[..., None]) -> Callable[..., None]:
+        bind = binder(original)  # called as Python would: through __get__
+
         def start(self: threading.Thread) -> None:
             if "threading" not in ON:
-                return original(self)
+                return bind(self, type(self))()
             bound = _bind_thread(self)
             try:
-                return original(self)
+                return bind(self, type(self))()
             except BaseException:
                 if bound:
                     _unbind_thread(self, bound)
@@ -87,9 +91,12 @@ def _bind_thread(thread: threading.Thread) -> Optional[tuple]:
         had = "run" in thread.__dict__
         previous = thread.__dict__.get("run")
         wrapper = _ThreadRun(thread.run, snap, thread)
-        bound = (wrapper, had, previous)
+        # A bound method, as ``thread.run`` is without us: tools that call
+        # ``thread.run.__func__(thread)`` (Sentry's threading integration) run ours too.
+        method = _METHOD_TYPE(wrapper, thread)
+        bound = (method, had, previous)
         wrapper._bound = bound
-        thread.run = wrapper  # type: ignore[method-assign]
+        thread.run = method  # type: ignore[method-assign]
         return bound
     except Exception:
         return None
@@ -124,7 +131,8 @@ def _define_thread_run(base: Any) -> Any:
             self._thread = thread
             self._bound: Any = None
 
-        def __call__(self) -> None:  # type: ignore[override]
+        def __call__(self, _owner: Any = None, /) -> None:  # type: ignore[override]
+            # (called as a method of the thread: ``_owner`` is it; the run it calls is bound)
             try:
                 base.__call__(self)
             except BaseException as exc:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 
-from . import ON, PATCHES, patch, take
+from . import ON, PATCHES, binder, patch, take
 from .._origin import _attach_if_absent, carry, has_origin
 from .._snapshot import CURRENT_ORIGIN
 
@@ -31,15 +31,17 @@ def apply() -> None:
     Runner = trio_run.Runner
 
     def make_spawn(original: Callable[..., Any]) -> Callable[..., Any]:
+        bind = binder(original)  # called as Python would: through __get__
+
         def spawn_impl(self: Any, async_fn: Any, args: Any, nursery: Any, *rest: Any, **kwargs: Any) -> Any:
             # Not system tasks, not the main task (its exception comes out of trio.run();
             # the init task spawns it, in a nursery of its own), not a task given its own
             # context.
             if ("trio" not in ON or kwargs.get("system_task") or kwargs.get("context") is not None
                     or nursery is None or getattr(nursery, "parent_task", None) is getattr(self, "init_task", None)):
-                return original(self, async_fn, args, nursery, *rest, **kwargs)
+                return bind(self, type(self))(async_fn, args, nursery, *rest, **kwargs)
             snap = take()
-            task = original(self, async_fn, args, nursery, *rest, **kwargs)
+            task = bind(self, type(self))(async_fn, args, nursery, *rest, **kwargs)
             if snap is not None:
                 try:
                     # the task's own context (a fresh copy): its code sees the origin
@@ -52,6 +54,8 @@ def apply() -> None:
         return spawn_impl
 
     def make_exited(original: Callable[..., Any]) -> Callable[..., Any]:
+        bind = binder(original)  # called as Python would: through __get__
+
         def task_exited(self: Any, task: Any, outcome: Any, *rest: Any, **kwargs: Any) -> Any:
             if tasks:
                 try:
@@ -62,11 +66,11 @@ def apply() -> None:
                             _attach_if_absent(exc, snap)
                 except Exception:
                     pass
-            return original(self, task, outcome, *rest, **kwargs)
+            return bind(self, type(self))(task, outcome, *rest, **kwargs)
 
         return task_exited
 
-    def make_run_sync(original: Callable[..., Any]) -> Callable[..., Any]:
+    def make_run_sync(original: Callable[..., Any]) -> Callable[..., Any]:  # (a module's function)
         async def run_sync(sync_fn: Any, *args: Any, **kwargs: Any) -> Any:
             # The body runs when awaited: the snapshot is the awaiting line.
             if "trio" in ON and not has_origin(sync_fn):
