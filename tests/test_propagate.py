@@ -1348,3 +1348,79 @@ def test_asyncio_run_in_executor_with_an_interpreter_pool(installed):
                 return exc
 
     assert_created_at(origin_of(asyncio.run(main())), "rie-interp")
+
+
+# -- composing with other patchers (the real packages: tests/test_patchers.py) ----------------
+
+
+class _Descriptor:
+    """A class attribute that is not a function (as wrapt's FunctionWrapper is): it sees
+    the instance only when called through the descriptor protocol."""
+
+    def __init__(self, wrapped: Any, seen: list) -> None:
+        self.wrapped, self.seen = wrapped, seen
+
+    def __get__(self, instance: Any, owner: Any = None) -> Any:
+        if instance is None:
+            return self
+        wrapped, seen = self.wrapped, self.seen
+
+        def bound(*args: Any, **kwargs: Any) -> Any:
+            seen.append(instance)
+            return wrapped(instance, *args, **kwargs)
+
+        return bound
+
+
+def test_a_replaced_class_attribute_is_called_through_the_descriptor_protocol():
+    monstack.uninstall()
+    seen_start: list = []
+    seen_submit: list = []
+    original_start, original_submit = threading.Thread.__dict__["start"], cf.ThreadPoolExecutor.__dict__["submit"]
+    threading.Thread.start = _Descriptor(original_start, seen_start)  # type: ignore[method-assign,assignment]
+    cf.ThreadPoolExecutor.submit = _Descriptor(original_submit, seen_submit)  # type: ignore[method-assign,assignment]
+    try:
+        monstack.install()
+        try:
+            got = []
+            t = threading.Thread(target=lambda: got.append(monstack.current_origin()))
+            t.start()  # @descriptor-start
+            t.join()
+            with cf.ThreadPoolExecutor(1) as pool:
+                future = pool.submit(monstack.current_origin)  # @descriptor-submit
+                origin = future.result()
+        finally:
+            monstack.uninstall()
+        assert seen_start[0] is t and seen_submit == [pool]
+        assert_created_at(got[0], "descriptor-start")
+        assert_created_at(origin, "descriptor-submit")
+    finally:
+        threading.Thread.start = original_start  # type: ignore[method-assign]
+        cf.ThreadPoolExecutor.submit = original_submit  # type: ignore[method-assign]
+
+
+def test_a_threads_run_keeps_the_func_convention():
+    """A ``Thread.start`` patch applied before monstack's that calls
+    ``thread.run.__func__(thread)`` (as Sentry's threading integration does) runs
+    monstack's run: the same work, under the origin."""
+    monstack.uninstall()
+    original = threading.Thread.__dict__["start"]
+
+    def sentry_style_start(self: threading.Thread) -> None:
+        run = getattr(self.run, "__func__", self.run)
+        self.run = lambda: run(self)  # type: ignore[method-assign]
+        return original(self)
+
+    threading.Thread.start = sentry_style_start  # type: ignore[method-assign]
+    try:
+        monstack.install()
+        try:
+            got = []
+            t = threading.Thread(target=lambda: got.append(monstack.current_origin()))
+            t.start()  # @func-start
+            t.join()
+        finally:
+            monstack.uninstall()
+        assert_created_at(got[0], "func-start")
+    finally:
+        threading.Thread.start = original  # type: ignore[method-assign]
