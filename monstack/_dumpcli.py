@@ -80,6 +80,19 @@ class _Target:
         self.start_time = proto.start_time(pid)
         if self.start_time is None:
             raise DumpError(f"no such process: {pid}")
+        # Another pid namespace (a container): the pid the target knows itself by, which
+        # names its exchange files (NSpid's last field).
+        nspid = fields.get("NSpid", "").split()
+        self.own_pid = int(nspid[-1]) if nspid and nspid[-1].isdigit() else pid
+        # Another mount namespace: its /tmp and /run are reached through /proc/PID/root.
+        self.foreign_root = _namespace(pid, "mnt") != _namespace(os.getpid(), "mnt")
+        # Another user namespace: the uid the target sees itself as (uid_map), for names.
+        self.name_uid = self.uid
+        if _namespace(pid, "user") != _namespace(os.getpid(), "user"):
+            inner = _inner_uid(pid, self.uid)
+            if inner is None:
+                raise DumpError(f"process {pid} runs in a user namespace that does not map uid {self.uid}")
+            self.name_uid = inner
         me = os.geteuid()
         if me != 0 and me != self.uid:
             raise DumpError(f"not permitted: process {pid} belongs to uid {self.uid} (run as that user or root)")
@@ -133,6 +146,29 @@ class _Target:
         except OSError:
             return False
         return True
+
+
+def _namespace(pid: int, kind: str) -> Optional[int]:
+    try:
+        return os.stat(f"/proc/{pid}/ns/{kind}").st_ino
+    except OSError:
+        return None
+
+
+def _inner_uid(pid: int, uid: int) -> Optional[int]:
+    """``uid`` (as this process sees it) as process ``pid``'s user namespace sees it."""
+    try:
+        with open(f"/proc/{pid}/uid_map", "rb") as f:
+            lines = f.read(65536).decode("ascii", "replace").splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        words = line.split()
+        if len(words) == 3 and all(w.isdigit() for w in words):
+            inside, outside, count = map(int, words)
+            if outside <= uid < outside + count:
+                return inside + uid - outside
+    return None
 
 
 def _parse(argv: Sequence[str]) -> tuple[int, float]:
@@ -208,23 +244,40 @@ class _Exchange:
     def __init__(self, target: _Target) -> None:
         self.target = target
         self.token = secrets.token_hex(8)
+        self.pid = target.own_pid  # the name the target knows itself by
+        self.root: Optional[int] = None
+        if target.foreign_root:
+            self.root = _open_root(target)
+        where = dict(root=self.root, name_uid=target.name_uid)
         try:
-            self.dirfd = proto.open_private_dir(target.uid, create=True, gid=target.gid)
-        except proto.Refused as exc:
-            raise DumpError(f"refusing to use the exchange directory: {exc}") from None
-        except PermissionError as exc:
-            raise DumpError(f"not permitted to create {proto.dir_path(target.uid)}: {exc.strerror}") from None
-        except OSError as exc:
-            raise DumpError(f"cannot create {proto.dir_path(target.uid)}: {exc.strerror}") from None
+            try:
+                self.dirfd = proto.open_private_dir(target.uid, create=True, gid=target.gid, **where)
+            except proto.Refused as exc:
+                raise DumpError(f"refusing to use the exchange directory: {exc}") from None
+            except PermissionError as exc:
+                raise DumpError(f"not permitted to create {self.path()}: {exc.strerror}") from None
+            except OSError as exc:
+                raise DumpError(f"cannot create {self.path()}: {exc.strerror}") from None
+        except BaseException:
+            if self.root is not None:
+                os.close(self.root)
+            raise
         self.answered = False
         self.posted = False
-        proto.clean_stale(self.dirfd)
+        if self.pid == target.pid:  # (names of another pid namespace say nothing here)
+            proto.clean_stale(self.dirfd)
+
+    def path(self) -> str:
+        """The private directory as the target sees it (prefixed, for a message, with where
+        the caller reaches it)."""
+        return proto.dir_path(self.target.uid, self.root, self.target.name_uid)
 
     def armed(self) -> Optional[int]:
         """The signal monstack's handler in the target armed (its marker), or None."""
         assert self.target.start_time is not None
         try:
-            return proto.find_armed(self.target.pid, self.target.start_time, self.target.uid)
+            return proto.find_armed(self.pid, self.target.start_time, self.target.uid, self.root,
+                                    self.target.name_uid)
         except (OSError, proto.Refused):
             return None
 
@@ -232,23 +285,32 @@ class _Exchange:
         color = "color" if _color() else "plain"
         try:
             proto.write_new(
-                self.dirfd, proto.request_name(self.target.pid, self.token),
+                self.dirfd, proto.request_name(self.pid, self.token),
                 f"{proto.MAGIC} {self.token} {color}\n".encode(), uid=self.target.uid, gid=self.target.gid,
             )
         except OSError as exc:
             raise DumpError(
-                f"cannot write the request in {proto.dir_path(self.target.uid)}: {exc.strerror}"
+                f"cannot write the request in {self.path()}: {exc.strerror}"
             ) from None
         self.posted = True
 
     def script(self) -> str:
         """Write the remote script (this module's protocol, then one call); its path."""
         source = _proto_source()
-        name = proto.script_name(self.target.pid, self.token)
-        path = os.path.join(proto.dir_path(self.target.uid), name)
+        name = proto.script_name(self.pid, self.token)
+        path = os.path.join(self.path(), name)  # as the target opens it
+        if self.root is not None:
+            # sys.remote_exec checks here that the file exists, the target opens it there:
+            # /proc/PID/root/... names the same file in both (PID: the same in both).
+            if self.pid != self.target.pid:
+                raise DumpError(
+                    f"process {self.target.pid} runs in another pid namespace (its own pid is {self.pid}): "
+                    f"sys.remote_exec cannot name a file for it; {HOW_TO_SIGNAL}"
+                )
+            path = f"/proc/{self.pid}/root{path}"
         call = (
             "\ntry:\n"
-            f"    serve_remote({self.target.pid}, {self.token!r}, {path!r})\n"
+            f"    serve_remote({self.pid}, {self.token!r}, {path!r})\n"
             "except Exception:\n"  # KeyboardInterrupt/SystemExit: CPython prints them at least
             "    pass\n"
         )
@@ -260,7 +322,7 @@ class _Exchange:
         delay = 0.005
         while True:
             try:
-                text = proto.read_output(self.dirfd, self.target.pid, self.token, self.target.uid)
+                text = proto.read_output(self.dirfd, self.pid, self.token, self.target.uid)
             except (OSError, proto.Refused) as exc:
                 raise DumpError(f"cannot read the answer: {exc}") from None
             if text is not None:
@@ -275,13 +337,30 @@ class _Exchange:
 
     def abandon(self) -> None:
         """The request will never be served (``sys.remote_exec`` failed): remove its files."""
-        proto.remove_script(self.dirfd, self.target.pid, self.token, self.target.uid)
+        proto.remove_script(self.dirfd, self.pid, self.token, self.target.uid)
         self.posted = False
 
     def close(self) -> None:
         if self.posted and not self.answered:
-            proto.withdraw(self.dirfd, self.target.pid, self.token, self.target.uid, self.target.gid)
+            proto.withdraw(self.dirfd, self.pid, self.token, self.target.uid, self.target.gid)
         os.close(self.dirfd)
+        if self.root is not None:
+            os.close(self.root)
+
+
+def _open_root(target: _Target) -> int:
+    """The target's root directory (``/proc/PID/root``: its mount namespace's ``/``), once
+    the pid is checked to still name the process that was read."""
+    try:
+        fd = os.open(f"/proc/{target.pid}/root", os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | os.O_CLOEXEC)
+    except PermissionError:
+        raise DumpError(f"not permitted to reach process {target.pid}'s files (/proc/{target.pid}/root)") from None
+    except OSError as exc:
+        raise DumpError(f"cannot reach process {target.pid}'s files: {exc.strerror}") from None
+    if proto.start_time(target.pid) != target.start_time:
+        os.close(fd)
+        raise DumpError(f"process {target.pid} has ended (its pid now names another process)")
+    return fd
 
 
 def _proto_source() -> str:
@@ -549,6 +628,12 @@ def dump_process(pid: int, timeout: float = DEFAULT_TIMEOUT) -> str:
         except OSError as exc:
             exchange.abandon()
             raise DumpError(f"cannot write the remote script: {exc.strerror}") from None
+        except DumpError as exc:
+            exchange.abandon()
+            try:  # (another pid namespace: no script can be named, the memory can be read)
+                return _external(target, f"{why_no_signal}, and {exc}".split("; ")[0])
+            except DumpError:
+                raise exc from None
         try:
             _remote_exec(target, script, why_no_signal)
         except DumpError:

@@ -73,11 +73,38 @@ class Refused(Exception):
     """The private directory or a file in it is not what it must be."""
 
 
-def _run_dir(uid: int) -> "str | None":
-    """``/run/user/<uid>`` when it is a directory (not a symlink) of ``uid``, mode 0700."""
+def _walk(root: int, path: str) -> int:
+    """Open directory ``path`` (absolute, as the target sees it) from ``root``, the
+    descriptor of the target's root directory (``/proc/PID/root``), one component at a time
+    with ``O_NOFOLLOW``: a symlink in the target's tree (whose absolute targets would resolve
+    against the caller's root) is refused with ``OSError``, never followed."""
+    fd = os.dup(root)
+    try:
+        for part in [p for p in path.split("/") if p]:
+            if part in (".", ".."):
+                raise OSError(22, f"{path} is not a plain path")
+            nfd = os.open(part, os.O_RDONLY | _DIRECTORY | _NOFOLLOW | _CLOEXEC, dir_fd=fd)
+            os.close(fd)
+            fd = nfd
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _run_dir(uid: int, root: "int | None" = None) -> "str | None":
+    """``/run/user/<uid>`` when it is a directory (not a symlink) of ``uid``, mode 0700
+    (in the target's tree when ``root`` is given)."""
     path = os.path.join(RUN_BASE, str(uid))
     try:
-        st = os.lstat(path)
+        if root is None:
+            st = os.lstat(path)
+        else:
+            pfd = _walk(root, RUN_BASE)
+            try:
+                st = os.stat(str(uid), dir_fd=pfd, follow_symlinks=False)
+            finally:
+                os.close(pfd)
     except (OSError, ValueError):
         return None
     if stat.S_ISDIR(st.st_mode) and st.st_uid == uid and stat.S_IMODE(st.st_mode) == 0o700:
@@ -85,23 +112,27 @@ def _run_dir(uid: int) -> "str | None":
     return None
 
 
-def _places(uid: int) -> list[tuple[str, str, bool]]:
+def _places(uid: int, root: "int | None" = None, name_uid: "int | None" = None) -> list[tuple[str, str, bool]]:
     """Where the private directory of ``uid`` may be, the one used first: (parent, name in
-    it, whether the parent is the user's runtime directory)."""
-    run = _run_dir(uid)
-    tmp = (BASE, f"monstack-{uid}", False)
+    it, whether the parent is the user's runtime directory). ``root``: seen from the
+    caller, in the tree of a target in another mount namespace; ``name_uid``: the uid as
+    the target sees itself (another user namespace), for the names."""
+    shown = uid if name_uid is None else name_uid
+    run = _run_dir(shown, root) if name_uid is None or name_uid == uid else None
+    tmp = (BASE, f"monstack-{shown}", False)
     return [(run, "monstack", True), tmp] if run is not None else [tmp]
 
 
-def _locate(uid: int) -> tuple[str, str, bool]:
-    return _places(uid)[0]
+def _locate(uid: int, root: "int | None" = None, name_uid: "int | None" = None) -> tuple[str, str, bool]:
+    return _places(uid, root, name_uid)[0]
 
 
-def dir_path(uid: int) -> str:
+def dir_path(uid: int, root: "int | None" = None, name_uid: "int | None" = None) -> str:
     """The private directory of ``uid``: ``/run/user/<uid>/monstack`` when ``/run/user/<uid>``
     is a directory of ``uid`` with mode 0700, else ``/tmp/monstack-<uid>``. Decided anew at
-    each call (a runtime directory comes and goes with the user's sessions)."""
-    parent, name, _ = _locate(uid)
+    each call (a runtime directory comes and goes with the user's sessions). With ``root``
+    (see :func:`_places`): the path as the target sees it."""
+    parent, name, _ = _locate(uid, root, name_uid)
     return os.path.join(parent, name)
 
 
@@ -125,20 +156,26 @@ def _valid_token(token: str) -> bool:
     return 0 < len(token) <= 64 and all(c in "0123456789abcdef" for c in token)
 
 
-def open_private_dir(uid: int, *, create: bool = False, gid: int = -1) -> int:
+def open_private_dir(uid: int, *, create: bool = False, gid: int = -1, root: "int | None" = None,
+                     name_uid: "int | None" = None) -> int:
     """The descriptor of ``dir_path(uid)``, checked private to ``uid``; ``Refused`` otherwise.
 
     ``create``: make it (0700) when missing; a root caller gives it to ``uid``/``gid``.
+    ``root``, ``name_uid``: a target in other namespaces (see :func:`_places`).
     """
-    return _open_dir(_locate(uid), uid, create=create, gid=gid)
+    return _open_dir(_locate(uid, root, name_uid), uid, create=create, gid=gid, root=root)
 
 
-def _open_dir(place: tuple[str, str, bool], uid: int, *, create: bool = False, gid: int = -1) -> int:
+def _open_dir(place: tuple[str, str, bool], uid: int, *, create: bool = False, gid: int = -1,
+              root: "int | None" = None) -> int:
     parent, name, runtime = place
     path = os.path.join(parent, name)
     try:
-        # the runtime directory: opened without following a symlink, checked again on its fd
-        pfd = os.open(parent, os.O_RDONLY | _DIRECTORY | _CLOEXEC | (_NOFOLLOW if runtime else 0))
+        if root is not None:  # the target's tree: every component without following a link
+            pfd = _walk(root, parent)
+        else:
+            # the runtime directory: opened without following a symlink, checked again on its fd
+            pfd = os.open(parent, os.O_RDONLY | _DIRECTORY | _CLOEXEC | (_NOFOLLOW if runtime else 0))
     except OSError as exc:
         raise Refused(f"{parent} cannot be opened ({exc.strerror})") from None
     try:
@@ -555,13 +592,16 @@ def read_armed(dirfd: int, pid: int, start_time: int, uid: int) -> "int | None":
     return signum if 0 < signum < 128 else None
 
 
-def find_armed(pid: int, start_time: int, uid: int) -> "int | None":
+def find_armed(pid: int, start_time: int, uid: int, root: "int | None" = None,
+               name_uid: "int | None" = None) -> "int | None":
     """:func:`read_armed` in each place the target may have written its marker: the private
     directory (``dir_path(uid)``), then ``/tmp``'s when that is the runtime directory. None
-    when no place has a valid marker (a directory that is not private is skipped)."""
-    for place in _places(uid):
+    when no place has a valid marker (a directory that is not private is skipped).
+    ``pid`` is the target's own (its ``os.getpid()``); ``root``, ``name_uid``: see
+    :func:`_places`."""
+    for place in _places(uid, root, name_uid):
         try:
-            dirfd = _open_dir(place, uid)
+            dirfd = _open_dir(place, uid, root=root)
         except (OSError, Refused):
             continue
         try:

@@ -527,3 +527,74 @@ def test_root_dumps_another_users_process_through_its_private_directory(targets)
     # ... and a third user may not
     one_line_error(dump(target.pid, uid=NOBODY - 1, python=interpreter_for(NOBODY - 1), PYTHONPATH=str(REPO)),
                    "not permitted")
+
+
+# -- a target in other namespaces (a container: its own /tmp, its own pids) --------------------
+
+
+def _namespaced_target(targets: Targets, *unshare: str, mode: str = "sleep",
+                       dump_signal: bool = True) -> tuple[subprocess.Popen, int]:
+    """``dump_target.py`` under ``unshare`` with a private /tmp (and a /proc of its own for a
+    pid namespace); (the unshare process, the target's pid as seen from here)."""
+    need_root()
+    if shutil.which("unshare") is None:
+        if CI:
+            pytest.fail("unshare (util-linux) is missing: CI requires it", pytrace=False)
+        pytest.skip("unshare (util-linux) is missing")
+    mounts = "mount -t tmpfs tmpfs /tmp"
+    if "--pid" in unshare:
+        mounts += " && mount -t proc proc /proc"
+    script = f'{mounts} && exec "$0" "$@"'
+    err = open(targets.tmp_path / f"ns-target-{len(targets.procs)}.err", "w+b")
+    proc = subprocess.Popen(
+        ["unshare", *unshare, *(["--kill-child"] if "--fork" in unshare else []), "--mount", "--propagation", "private",
+         "--", "sh", "-c", script,
+         sys.executable, str(PROGRAM), mode],
+        stdout=subprocess.PIPE, stderr=err, cwd="/",
+        env=_env(MONSTACK="1", **({"MONSTACK_DUMP_SIGNAL": "USR1"} if dump_signal else {})),
+    )
+    proc.err_file = err  # type: ignore[attr-defined]
+    targets.procs.append(proc)
+    line = proc.stdout.readline()
+    assert line == b"ready\n", (line, targets.stderr(proc))
+    pid = proc.pid
+    if "--fork" in unshare:  # the program is unshare's child
+        with open(f"/proc/{proc.pid}/task/{proc.pid}/children") as f:
+            pid = int(f.read().split()[0])
+    targets.wait_waiting(pid)
+    return proc, pid
+
+
+def test_a_target_with_its_own_tmp_is_reached_through_its_root(targets):
+    proc, pid = _namespaced_target(targets)
+    try:  # its marker is in its own /tmp, not in ours
+        ours = os.listdir(_dumpproto.dir_path(os.geteuid()))
+    except FileNotFoundError:
+        ours = []
+    assert not [n for n in ours if n.startswith(f"armed-{pid}-")]
+    out = dump(pid, "--timeout", "30")
+    assert out.returncode == 0, out.stderr
+    assert MAIN_LINES["sleep"] in out.stdout and WORKER_LINES[0] in out.stdout
+    assert WORKER_LINES[1] in out.stdout  # the origin: the process answered itself
+    assert proc.poll() is None and targets.stderr(proc) == ""
+
+
+def test_a_target_in_its_own_pid_namespace_is_reached_by_its_own_pid(targets):
+    proc, pid = _namespaced_target(targets, "--pid", "--fork")
+    with open(f"/proc/{pid}/status") as f:
+        nspid = [line.split()[1:] for line in f if line.startswith("NSpid:")][0]
+    assert len(nspid) == 2 and nspid[0] == str(pid) and nspid[1] != str(pid)  # it sees itself as another pid
+    out = dump(pid, "--timeout", "30")
+    assert out.returncode == 0, out.stderr
+    assert MAIN_LINES["sleep"] in out.stdout and WORKER_LINES[1] in out.stdout
+    assert proc.poll() is None and targets.stderr(proc) == ""
+
+
+@remote
+def test_the_remote_path_reaches_a_target_with_its_own_tmp(targets):
+    proc, pid = _namespaced_target(targets, mode="loop", dump_signal=False)
+    out = dump(pid, "--timeout", "30")
+    assert out.returncode == 0, out.stderr
+    assert not out.stdout.startswith("[")  # the process answered (not read from outside)
+    assert MAIN_LINES["loop"] in out.stdout and WORKER_LINES[1] in out.stdout
+    assert proc.poll() is None and targets.stderr(proc) == ""

@@ -22,7 +22,7 @@ ALLOWED = re.compile(
     r"^(monstack-startup\.pth"
     r"|_monstack_pytest\.py"  # the pytest plugin's entry point, outside the package
     r"|_monstack_boot\.py"  # what the .pth line runs, outside the package
-    r"|monstack/((_boot|_bench)/)?[A-Za-z_][A-Za-z0-9_]*\.py"
+    r"|monstack/((_boot|_bench|_points)/)?[A-Za-z_][A-Za-z0-9_]*\.py"
     r"|monstack/py\.typed"
     r"|monstack/_native/[A-Za-z0-9_.-]+\.(bin|json|manifest))$"
 )
