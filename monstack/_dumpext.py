@@ -194,6 +194,12 @@ class _Sources:
                 self.cwd = f"/proc/{pid}/cwd"
         self.cache: dict[str, Optional[list[str]]] = {}
         self.budget = MAX_SOURCE_TOTAL
+        # Root reading another user's process: the file names come from that process, so
+        # a file is read only as that user could read it (a forked child with its
+        # credentials), never with root's (a frame named /etc/shadow shows nothing).
+        self.creds = _credentials(pid) if hasattr(os, "geteuid") and os.geteuid() == 0 else None
+        if self.creds is not None and self.creds[0] == 0:
+            self.creds = None
 
     def line(self, filename: str, lineno: Optional[int]) -> str:
         if not isinstance(filename, str) or not isinstance(lineno, int) or lineno < 1:
@@ -202,7 +208,7 @@ class _Sources:
             if len(self.cache) >= 2000:
                 return ""
             try:
-                self.cache[filename] = self._load(filename)
+                self.cache[filename] = self._load(filename) if self.creds is None else self._load_as(filename)
             except Exception:
                 self.cache[filename] = None
         lines = self.cache[filename]
@@ -218,6 +224,47 @@ class _Sources:
         if self.cwd:
             return os.path.join(self.cwd, filename)
         return None  # relative to a working directory we cannot see
+
+    def _load_as(self, filename: str) -> Optional[list[str]]:
+        """:meth:`_load` in a child process with the target's uid, gid and groups."""
+        import marshal
+
+        assert self.creds is not None
+        uid, gid, groups = self.creds
+        rfd, wfd = os.pipe()
+        child = os.fork()
+        if child == 0:  # pragma: no cover (the child's work is checked by its result)
+            try:
+                os.close(rfd)
+                os.setgroups(groups)
+                os.setgid(gid)
+                os.setuid(uid)
+                data = marshal.dumps(self._load(filename))
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(wfd, view):]
+            finally:
+                os._exit(0)
+        os.close(wfd)
+        chunks = []
+        size = 0
+        try:
+            while size <= 4 * MAX_SOURCE_FILE + 1024:
+                chunk = os.read(rfd, 65536)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                size += len(chunk)
+        finally:
+            os.close(rfd)
+            os.waitpid(child, 0)
+        if size > 4 * MAX_SOURCE_FILE + 1024 or not chunks:
+            return None
+        lines = marshal.loads(b"".join(chunks))
+        if not isinstance(lines, list) or not all(isinstance(x, str) for x in lines):
+            return None
+        self.budget -= sum(len(x) for x in lines)
+        return lines
 
     def _load(self, filename: str) -> Optional[list[str]]:
         import stat
@@ -263,6 +310,21 @@ class _Sources:
         self.budget -= size
         data = b"".join(chunks)
         return _decode_source(data).replace("\r\n", "\n").replace("\r", "\n").split("\n")
+
+
+def _credentials(pid: int) -> Optional[tuple[int, int, list[int]]]:
+    """(effective uid, effective gid, supplementary groups) of process ``pid``, or None."""
+    raw = _read_small(f"/proc/{pid}/status", 65536)
+    if raw is None:
+        return None
+    fields = {}
+    for line in raw.decode("ascii", "replace").splitlines():
+        key, _, value = line.partition(":")
+        fields[key] = value.split()
+    try:
+        return int(fields["Uid"][1]), int(fields["Gid"][1]), [int(g) for g in fields.get("Groups", [])]
+    except (KeyError, IndexError, ValueError):
+        return None
 
 
 #: Where files are the kernel's (reading one may have effects, or never end), not sources.

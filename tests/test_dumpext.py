@@ -437,6 +437,42 @@ def test_permissions_across_users(targets, ptrace_permitted):
     assert 'Thread "nap"' in read_until(theirs.pid, 'Thread "nap"')
 
 
+@reader
+def test_root_reads_another_users_sources_only_as_that_user_could(targets, ptrace_permitted):
+    """The file names come from the target: a nobody process whose frame claims a file only
+    root can read gets no source line from root's reader; a file nobody can read does."""
+    _need_root()
+    python = _python_for(NOBODY)
+    import tempfile
+
+    base = Path(tempfile.mkdtemp(prefix="monstack-src-", dir="/opt"))
+    try:
+        os.chmod(base, 0o755)
+        lines = "import time\nprint('ready', flush=True)\ntime.sleep(3600)  # LINE-3 of {}\n"
+        secret = base / "secret.py"
+        secret.write_text(lines.format("SECRET"))
+        os.chmod(secret, 0o600)  # root's alone
+        public = base / "public.py"
+        public.write_text(lines.format("PUBLIC"))
+        os.chmod(public, 0o644)
+        program = "import sys; exec(compile(open(sys.argv[1]).read(), sys.argv[2], 'exec'))"
+        # the code is handed over on the command line's file that nobody can read: a copy
+        readable = base / "code.py"
+        readable.write_text(lines.format("CODE"))
+        os.chmod(readable, 0o644)
+        claims_secret = targets.start("-I", "-c", program, str(readable), str(secret), python=python, uid=NOBODY)
+        claims_public = targets.start("-I", "-c", program, str(readable), str(public), python=python, uid=NOBODY)
+        out = read_until(claims_public.pid, "LINE-3 of PUBLIC")
+        assert "time.sleep(3600)  # LINE-3 of PUBLIC" in out
+        out = read_until(claims_secret.pid, f'File "{secret}", line 3')
+        assert f'File "{secret}", line 3' in out and "SECRET" not in out.replace(str(secret), "")
+        assert secret.read_text().count("SECRET") == 1  # (what would have leaked)
+    finally:
+        import shutil
+
+        shutil.rmtree(base, ignore_errors=True)
+
+
 # -- hostile targets ---------------------------------------------------------------------------
 
 
