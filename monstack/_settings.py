@@ -236,8 +236,7 @@ SETTINGS: tuple[Setting, ...] = (
         "MONSTACK_PROPAGATE", "propagate", _parse_propagate,
         "1/true/yes/on/all, 0/false/no/off/none, or a comma-separated list of propagation points",
         "all",
-        "Which propagation points install() patches (threading, thread_pool, process_pool, "
-        "asyncio_tasks, asyncio_executor, process, mp_pool, start_new_thread, trio, dask).",
+        "Which propagation points install() patches (" + ", ".join(PROPAGATION_POINTS) + ").",
         "--propagate",
     ),
     Setting(
