@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Benchmark of the native sys.monitoring callbacks (issue 10), standalone.
+"""Benchmark of the native sys.monitoring callbacks, standalone.
 
     PYTHONPATH=. python3.12 bench/bench_accel.py [--rounds 9] [--memory 10000000]
 

@@ -8,8 +8,8 @@ but ``dask``: interleaved blocks in the same run, the median round trip of each 
 
     PYTHONPATH=. python3.12 bench/engines_cost.py [BLOCKS [TRIPS_PER_BLOCK]]
 
-Needs the engines extra (``pip install -e '.[engines]'``). Target (issue 22): the "with"
-median at most 5% above the "without" one.
+Needs the engines extra (``pip install -e '.[engines]'``). The goal: the "with" median at
+most 5% above the "without" one.
 """
 
 from __future__ import annotations

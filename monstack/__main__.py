@@ -64,24 +64,6 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
-def _test_configs(args: argparse.Namespace) -> int:
-    """The test configurations the suite runs in on this interpreter (for tests/run-all.sh).
-
-    Where the native sys.monitoring callbacks can run, the suite runs twice: with them
-    (``native``) and with the pure-Python callbacks (``python``).
-    """
-    from monstack import _env
-
-    if _env.HAS_SYSMON:
-        from monstack import _accel
-
-        if _accel.unavailable() is None:
-            print("native python")
-            return 0
-    print("default")
-    return 0
-
-
 def _version() -> str:
     """``monstack X.Y.Z (CPython a.b.c)``: what ``--version`` prints."""
     import platform
@@ -121,9 +103,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     i.set_defaults(func=_info)
     for name, (_module, text) in _OWN_PARSER.items():
         sub.add_parser(name, add_help=False, help=text)
-    # For tests/run-all.sh, not for users: no help= keeps it out of --help altogether
-    # (help=argparse.SUPPRESS still lists it, as "==SUPPRESS==").
-    sub.add_parser("_test-configs").set_defaults(func=_test_configs)
     args = parser.parse_args(argv)
     return int(args.func(args))
 

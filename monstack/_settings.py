@@ -44,8 +44,6 @@ ACCELERATOR_ENV = "MONSTACK_ACCELERATOR"
 COLOR_ENV = "MONSTACK_COLOR"
 #: The variable naming the signal that makes a process dump every thread's stack.
 DUMP_SIGNAL_ENV = "MONSTACK_DUMP_SIGNAL"
-#: Internal: set in the child process the bench rehearses itself in (no rehearsal there).
-BENCH_NO_REHEARSAL_ENV = "MONSTACK_BENCH_NO_REHEARSAL"
 
 #: ``MONSTACK`` values that turn monstack on (case-insensitive, surrounding blanks ignored).
 TRUE_VALUES: tuple[str, ...] = ("1", "true", "yes", "on")
@@ -265,7 +263,7 @@ SETTINGS: tuple[Setting, ...] = (
 #: ``MONSTACK_*`` variables read by the test suite, the bench and the tools, never by the
 #: package at start-up (docs/configuration.md, "Variables for developers"): not misspellings.
 INTERNAL_VARS: tuple[str, ...] = (
-    BENCH_NO_REHEARSAL_ENV,
+    "MONSTACK_BENCH_NO_REHEARSAL",  # the bench's own (monstack._bench._harness), not a setting
     "MONSTACK_TEST_CONFIG",
     "MONSTACK_ORACLE_EXAMPLES",
     "MONSTACK_STRESS",

@@ -12,7 +12,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 import monstack  # noqa: E402
 from monstack import _env  # noqa: E402
 
-#: Which configuration this run is (``python -m monstack _test-configs`` lists them):
+#: Which configuration this run is (``tests/configs.py`` lists them):
 #: ``native``/``python`` pick the sys.monitoring callbacks install() uses by default.
 CONFIG = os.environ.get("MONSTACK_TEST_CONFIG", "default")
 if CONFIG == "python":

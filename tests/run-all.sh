@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Run the test suite on every supported CPython (3.11 to 3.15) found on this machine, in
-# every configuration (`python -m monstack _test-configs`: native and pure-Python
+# every configuration (`tests/configs.py` lists them: native and pure-Python
 # callbacks where both exist), then mypy once on 3.12. Each interpreter gets a venv under
 # .venvs/ with monstack installed (editable) plus its test, integration (trio, uvloop) and
 # engines (dask, celery[redis]) extras; the tests marked `integration` run once per CPython, in its first
@@ -51,7 +51,9 @@ for v in "${want[@]}"; do
       || { summary+=("$v: install failed"); status=1; continue; }
   fi
   first=1
-  for run in $("$venv/bin/python" -m monstack _test-configs 2>/dev/null || echo default); do
+  configs=$("$venv/bin/python" "$root/tests/configs.py") \
+    || { echo "!! CPython $v: tests/configs.py failed" >&2; summary+=("$v: tests/configs.py failed"); status=1; continue; }
+  for run in $configs; do
     echo "-- CPython $v, configuration: $run"
     marks=()
     [ $first = 1 ] || marks=(-m "not integration")  # integration tests: first configuration only

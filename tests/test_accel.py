@@ -1,4 +1,4 @@
-"""Native sys.monitoring callbacks (issue 10): same shadow stacks as the Python ones.
+"""Native sys.monitoring callbacks: the same shadow stacks as the pure-Python ones.
 
 Every scenario runs twice -- pure-Python callbacks, then native callbacks -- and must
 give identical snapshot records (and identical node chains), each equal to the real

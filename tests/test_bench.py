@@ -186,108 +186,8 @@ def test_dump_section(results):
     _positive_summary(d["report ratios"]["monstack.dump() (report text, no colour)"])
 
 
-# --------------------------------------------------------------------------- bench/targets.py
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TARGETS_SCRIPT = os.path.join(ROOT, "bench", "targets.py")
-
-
-@pytest.fixture(scope="module")
-def targets_mod():
-    spec = importlib.util.spec_from_file_location("bench_targets", TARGETS_SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def test_targets_script_grades_a_bench_run(results, targets_mod):
-    _res, parsed = results
-    verdicts = targets_mod.targets(parsed)
-    assert verdicts
-    for t in verdicts:
-        assert set(t) == {"issue", "target", "value", "met", "note"}
-        assert t["issue"] in (3, 7, 10, 20, 21)
-        assert t["met"] in (True, False, None)
-    assert {t["issue"] for t in verdicts} >= {21}
-    text = io.StringIO()
-    targets_mod.render(verdicts, text)
-    assert text.getvalue().startswith("Targets (issues 3, 7, 10")
-
-
-def test_targets_script_uses_the_bench_names(targets_mod):
-    assert targets_mod.SECTIONS == _bench.SECTIONS
-    assert targets_mod.NOISE_FLOOR == _sections.NOISE_FLOOR
-    assert targets_mod.FILTERED_FLOOR == _sections.FILTERED_FLOOR
-    methods = {"monstack walk backend": {}, "monstack monitoring pure-Python": {}, "monstack monitoring native": {}}
-    assert targets_mod.main_snapshot_method(methods) == _report.main_snapshot_method(methods)
-
-
-def _small_run(opqueue_ratio: float) -> dict:
-    s = lambda m: {"median": m, "min": m * 0.9, "max": m * 1.1, "n": 3}  # noqa: E731
-    return {
-        "python": "3.12.1", "machine": "x86_64", "config": "quick", "quick": True, "sections": ["opqueue", "memory"],
-        "elapsed seconds": 12.0,
-        "opqueue": {"ratios": {"default policy": s(opqueue_ratio), "walk per op": s(3.0), _sections.NOISE_FLOOR: s(1.0)}},
-        "memory": {"runs": {"monitoring, same frame": {"bytes per snapshot": 80.0}},
-                   "liveness": {"monitoring": {"local dead without gc": True, "frame objects reachable from snapshots": 0}}},
-    }
-
-
-def test_targets_script_issue_20_op_queue_floor(targets_mod):
-    """Issue 20's op-queue target: 1.05x, or within 2% of what installing with every code
-    filtered already costs (a sys.monitoring tool's floor)."""
-    def verdict(dflt: float, floor: float) -> object:
-        run = _small_run(dflt)
-        run["opqueue"]["ratios"][_sections.FILTERED_FLOOR] = {"median": floor, "min": floor, "max": floor, "n": 3}
-        vs = {t["target"]: t for t in targets_mod.targets(run)}
-        return vs["op-queue <= 1.05x, or within 2% of the filtered floor"]["met"]
-
-    assert verdict(1.04, 1.00) is True
-    assert verdict(1.08, 1.07) is True
-    assert verdict(1.10, 1.07) is False
-
-
-def test_targets_script_verdicts_on_a_small_document(tmp_path, targets_mod):
-    """Met and NOT MET verdicts from a hand-written JSON document, through the command line."""
-    env = dict(os.environ, PYTHONPATH="")
-    good, bad = tmp_path / "good.json", tmp_path / "bad.json"
-    good.write_text(json.dumps(_small_run(1.02)))
-    bad.write_text(json.dumps(_small_run(1.08)))
-    by_target = lambda vs: {t["target"]: t for t in vs}  # noqa: E731
-
-    out = subprocess.run([sys.executable, TARGETS_SCRIPT, "--strict", str(good)], capture_output=True, text=True,
-                         env=env, timeout=60)
-    assert out.returncode == 0, out.stderr
-    assert "NOT MET" not in out.stdout
-    assert "#10 op-queue default policy <= 1.05x no capture" in out.stdout
-    vs = by_target(targets_mod.targets(_small_run(1.02)))
-    assert vs["op-queue default policy <= 1.05x no capture"]["met"] is True
-    assert vs["op-queue default policy faster than a walk per op"]["met"] is True
-    assert vs["< 120 bytes per snapshot (monitoring, same frame)"]["met"] is True
-    assert vs["no frames kept alive (monitoring)"]["met"] is True
-    assert "--quick under 30 s" not in vs  # not every section ran
-
-    out = subprocess.run([sys.executable, TARGETS_SCRIPT, "--strict", str(bad)], capture_output=True, text=True,
-                         env=env, timeout=60)
-    assert out.returncode == 1, out.stderr
-    line = next(ln for ln in out.stdout.splitlines() if "op-queue default policy <= 1.05x" in ln)
-    assert "NOT MET" in line
-    out = subprocess.run([sys.executable, TARGETS_SCRIPT, "--json", "-"], input=bad.read_text(), capture_output=True,
-                         text=True, env=env, timeout=60)
-    assert out.returncode == 0, out.stderr  # not --strict
-    vs = by_target(json.loads(out.stdout))
-    assert vs["op-queue default policy <= 1.10x no capture"]["met"] is True
-    assert vs["op-queue default policy <= 1.05x no capture"]["met"] is False
-    assert vs["op-queue default policy <= 1.05x no capture"]["issue"] == 10
-
-    invalid = _small_run(1.02)
-    invalid["opqueue"]["ratios"]["default policy"]["invalid"] = "monstack turned itself off"
-    vs = by_target(targets_mod.targets(invalid))
-    assert vs["op-queue default policy <= 1.05x no capture"]["met"] is None
-    assert vs["op-queue default policy <= 1.05x no capture"]["note"].startswith("INVALID")
-
-
 def test_the_bench_package_names_no_issue():
-    """Issue targets are graded by bench/targets.py; the shipped bench states goals only."""
+    """The shipped bench states figures and goals, not the project's issue numbers."""
     pkg = os.path.dirname(_bench.__file__)
     found = []
     for name in sorted(os.listdir(pkg)):
@@ -297,6 +197,15 @@ def test_the_bench_package_names_no_issue():
                     if re.search(r"#\d+|issues? \d+", line, re.IGNORECASE):
                         found.append(f"{name}:{n}: {line.strip()}")
     assert found == []
+
+
+def test_the_rehearsal_variable_is_the_bench_s_own():
+    """MONSTACK_BENCH_NO_REHEARSAL is internal: no user's setting, but no misspelling either."""
+    from monstack import _settings
+
+    assert _harness.NO_REHEARSAL_ENV in _settings.INTERNAL_VARS
+    assert _harness.NO_REHEARSAL_ENV not in [s.var for s in _settings.SETTINGS]
+    assert _settings.unknown_variable(_harness.NO_REHEARSAL_ENV) is None
 
 
 def test_frames_reachable_detects_frames():

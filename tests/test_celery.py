@@ -1,4 +1,4 @@
-"""The ``celery`` propagation point (issue 22): a Celery task runs under the line that
+"""The ``celery`` propagation point: a Celery task runs under the line that
 published it, and its failure shows that line on the worker and in ``AsyncResult.get()``.
 
 Fast tests use Celery's in-memory transport and eager mode in this process; the tests

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -18,17 +19,40 @@ def monstack(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "monstack", *args], capture_output=True, text=True, env=env, timeout=120)
 
 
-def test_help_lists_the_commands_and_hides_the_internal_one():
+COMMANDS = ("demo", "info", "run", "dump", "bench")
+
+
+def test_help_lists_every_command_and_no_other_is_accepted():
+    """What --help lists is the whole command line: no hidden command for the test suite
+    or the tools (those live in tests/, bench/ and tools/, outside the package)."""
     out = monstack("--help")
     assert (out.returncode, out.stderr) == (0, "")
-    for command in ("demo", "info", "run", "dump", "bench", "--version"):
-        assert command in out.stdout
-    assert "SUPPRESS" not in out.stdout and "_test-configs" not in out.stdout, out.stdout
+    assert "{" + ",".join(COMMANDS) + "}" in out.stdout, out.stdout
+    assert "--version" in out.stdout and "SUPPRESS" not in out.stdout
+    from monstack import __main__
+
+    source = Path(__main__.__file__).read_text(encoding="utf-8")
+    added = re.findall(r"add_parser\(\s*\"([^\"]+)\"", source)
+    assert added and set(added) <= set(COMMANDS), added
+    bad = monstack("_test-configs")  # was hidden here for tests/run-all.sh: now tests/configs.py
+    assert bad.returncode == 2 and "invalid choice: '_test-configs'" in bad.stderr and bad.stdout == ""
 
 
-def test_the_internal_command_still_runs():  # tests/run-all.sh uses it
-    out = monstack("_test-configs")
-    assert out.returncode == 0 and out.stdout.split() and set(out.stdout.split()) <= {"default", "native", "python"}
+def test_the_suites_configurations_on_this_interpreter():
+    """tests/configs.py (what tests/run-all.sh runs with each venv's python): native and
+    pure-Python callbacks where the native ones can run, else the default configuration."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MONSTACK")}
+    env.pop("PYTHONPATH", None)
+    out = subprocess.run([sys.executable, str(REPO / "tests" / "configs.py")], capture_output=True, text=True,
+                         env=env, cwd=str(REPO / "tests"), timeout=120)
+    assert (out.returncode, out.stderr) == (0, "")
+    from monstack import _accel, _env
+
+    native = _env.HAS_SYSMON and _accel.unavailable() is None
+    assert out.stdout == ("native python\n" if native else "default\n")
+    if sys.version_info[:2] == (3, 11):
+        assert out.stdout == "default\n"
+    assert "configs.py" in (REPO / "tests" / "run-all.sh").read_text(encoding="utf-8")
 
 
 def test_version():

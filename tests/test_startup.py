@@ -304,7 +304,7 @@ def test_checking_stored_machine_code_does_not_load_openssl():
     assert backend == expected_backend() and loaded == "False"
 
 
-# -- what start-up imports (issue 24) ----------------------------------------------------------
+# -- what start-up imports: nothing the program might want to import first ---------------------
 
 #: Modules monstack must not import at start-up (MONSTACK=1 -> install()) on any version:
 #: a program that must run before them (gevent's monkey-patching, a check that threading

@@ -22,7 +22,7 @@ import pytest
 from stackcheck import check
 
 import monstack
-from monstack import _propagate, _stack
+from monstack import _stack
 
 LONG = os.environ.get("MONSTACK_STRESS", "") not in ("", "0")
 ROUNDS = 400 if LONG else 40
@@ -31,8 +31,6 @@ TESTS = os.path.dirname(os.path.abspath(__file__))
 #: Where the monstack under test lives (subprocesses import the same copy).
 HOME = os.path.dirname(os.path.dirname(os.path.abspath(monstack.__file__)))
 
-HAS_THREAD_PROPAGATION = "threading" in getattr(_propagate, "PROPAGATION_POINTS", ())
-HAS_POOL_PROPAGATION = "thread_pool" in getattr(_propagate, "PROPAGATION_POINTS", ())
 
 
 # --------------------------------------------------------------------------------------
@@ -147,13 +145,12 @@ def _spawn_and_check_origin(seed):
     t.start()  # the origin of the child's work is this line
     t.join()
     origin, _depth = out[0]
-    if HAS_THREAD_PROPAGATION and monstack.active_backend() is not None:
+    if monstack.active_backend() is not None:
         assert origin is not None, "a thread started under install() has no origin"
         assert origin.records()[-1][2] == "_spawn_and_check_origin"
-    if HAS_POOL_PROPAGATION:
-        with ThreadPoolExecutor(1) as pool:
-            fut = pool.submit(check, "pool worker")
-            assert fut.result() >= 1
+    with ThreadPoolExecutor(1) as pool:
+        fut = pool.submit(check, "pool worker")
+        assert fut.result() >= 1
 
 
 def run_threads(n, target, *args):
@@ -290,13 +287,12 @@ def test_objects_die_when_they_did_without_monstack(installed):
         refs = [weakref.ref(t), weakref.ref(payload)]
         del t, payload
         assert [r() for r in refs] == [None, None], "kept alive until the cyclic GC runs"
-        if HAS_POOL_PROPAGATION:
-            pool = ThreadPoolExecutor(1)
-            pool.submit(check, "pool").result()
-            pool_ref = weakref.ref(pool)
-            pool.shutdown()
-            del pool
-            assert pool_ref() is None
+        pool = ThreadPoolExecutor(1)
+        pool.submit(check, "pool").result()
+        pool_ref = weakref.ref(pool)
+        pool.shutdown()
+        del pool
+        assert pool_ref() is None
     finally:
         gc.enable()
 
@@ -311,9 +307,7 @@ def test_propagation_wrappers_pass_any_arguments_through(installed):
     kwargs = {"self": 1, "fn": 2, "func": 3, "args": 4, "kwargs": 5}
     with ThreadPoolExecutor(1) as pool:
         assert pool.submit(f, 0, **kwargs).result() == ((0,), kwargs)
-    wrap = getattr(monstack, "wrap", None)
-    if wrap is not None:
-        assert wrap(f)(0, **kwargs) == ((0,), kwargs)
+    assert monstack.wrap(f)(0, **kwargs) == ((0,), kwargs)
     out = []
     t = threading.Thread(target=lambda **kw: out.append(kw), kwargs=kwargs)
     t.start()

@@ -1,5 +1,6 @@
-"""trio (issue 24): nursery tasks and ``trio.to_thread.run_sync`` carry the line that
-started them; nothing else about the program changes. Needs the ``integration`` extra."""
+"""The ``trio`` propagation point: nursery tasks and ``trio.to_thread.run_sync`` carry the
+line that started them; nothing else about the program changes. Needs the ``integration``
+extra."""
 
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ import time
 from typing import Any, Callable, Optional, Sequence
 
 import monstack
-from monstack import _env, _settings
+from monstack import _env
 
 
 class Config:
@@ -114,19 +114,24 @@ def accelerator_variants() -> tuple[bool, Optional[str]]:
 
 def _safe_kw() -> dict:
     """Options every install() of the bench gets: native callbacks off if they crashed."""
-    if "accelerator" in install_params() and _native_crash() is not None:
+    if _native_crash() is not None:
         return {"accelerator": False}
     return {}
 
 
-#: Set in the rehearsal child (and by tests) to skip the rehearsal.
-NO_REHEARSAL_ENV = _settings.BENCH_NO_REHEARSAL_ENV
+#: Set in the rehearsal child, which must not rehearse again. The bench's own variable,
+#: not a user's setting: ``_settings.INTERNAL_VARS`` lists it only so that it is no misspelling.
+NO_REHEARSAL_ENV = "MONSTACK_BENCH_NO_REHEARSAL"
 _rehearsal: list = []
 
 
 def _native_needed() -> bool:
-    reasons = backend_reasons()
-    return reasons.get("evalframe") is None or "accelerator" in install_params()
+    """Could the bench run native code here: the 3.11 shim, or the native callbacks?"""
+    if backend_reasons().get("evalframe") is None:
+        return True
+    from monstack import _accel
+
+    return _accel.unavailable() is None
 
 
 def _native_crash() -> Optional[str]:
@@ -409,7 +414,7 @@ def restore_install(options: Optional[dict]) -> None:
     monstack.uninstall()
     if options:
         try:
-            kw = {k: v for k, v in options.items() if k in install_params()}
+            kw = dict(options)
             if "propagate" in kw and isinstance(kw["propagate"], frozenset):
                 kw["propagate"] = kw["propagate"] or False
             monstack.install(**kw)

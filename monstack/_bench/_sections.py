@@ -135,16 +135,14 @@ def snapshot_costs(cfg: Config, w: Any = None) -> dict:
     for backend in tracking_backends():
         if accel and backend == "monitoring":
             methods.append((f"monstack {backend} native", snap, Mode("n", installer(backend=backend, accelerator=True), nothing)))
-            if hasattr(monstack, "snapshotter"):
-                # resolved after install: the function a framework binds once
-                methods.append((f"monstack {backend} native, snapshotter()", _LATE_SNAPSHOTTER,
-                                Mode("s", installer(backend=backend, accelerator=True), nothing)))
+            # resolved after install: the function a framework binds once
+            methods.append((f"monstack {backend} native, snapshotter()", _LATE_SNAPSHOTTER,
+                            Mode("s", installer(backend=backend, accelerator=True), nothing)))
             methods.append((f"monstack {backend} pure-Python", snap, Mode("p", installer(backend=backend, accelerator=False), nothing)))
-            if hasattr(monstack, "snapshotter"):
-                # every thread, pool job and task started after install() has an origin
-                # (the snapshot links to it: another native branch)
-                methods.append((f"monstack {backend} native, snapshotter(), under an origin", _LATE_SNAPSHOTTER,
-                                _under_origin("o", installer(backend=backend, accelerator=True))))
+            # every thread, pool job and task started after install() has an origin
+            # (the snapshot links to it: another native branch)
+            methods.append((f"monstack {backend} native, snapshotter(), under an origin", _LATE_SNAPSHOTTER,
+                            _under_origin("o", installer(backend=backend, accelerator=True))))
         else:
             methods.append((f"monstack {backend}", snap, Mode("m", installer(backend=backend), nothing)))
     methods.append(("monstack walk backend", snap, Mode("w", installer(backend="walk"), nothing)))
@@ -367,8 +365,7 @@ def _opqueue_modes(oq: OpQueue, diagnostics: bool = True) -> tuple[list[Mode], d
     if tracking_backends():
         modes.append(Mode("default policy", with_capture(installer(), True), nothing))
         modes.append(Mode(FILTERED_FLOOR, with_capture(installer(exclude=[WORKLOAD_MODULE]), False), nothing))
-        if hasattr(monstack, "snapshotter"):
-            modes.append(Mode("default policy, snapshot()", with_capture(installer(), "snapshot"), nothing))
+        modes.append(Mode("default policy, snapshot()", with_capture(installer(), "snapshot"), nothing))
         if accel and "monitoring" in tracking_backends():
             modes.append(Mode("default policy, pure-Python", with_capture(installer(accelerator=False), True), nothing))
         if diagnostics and propagation_points():

@@ -449,8 +449,7 @@ class OpQueue:
         if capture == "snapshot":
             self.fw._capture = monstack.snapshot
         elif capture:
-            get = getattr(monstack, "snapshotter", None)
-            self.fw._capture = get() if get is not None else monstack.snapshot
+            self.fw._capture = monstack.snapshotter()
         else:
             self.fw._capture = None
         if layers is not None:
