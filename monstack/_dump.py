@@ -22,7 +22,7 @@ import time
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from types import FrameType
-    from typing import IO, Any, Iterable, Optional
+    from typing import IO, Any, Callable, Iterable, Optional
 
 from . import _capture, _format, _threads
 from ._colorize import ANSI, resolve
@@ -174,7 +174,8 @@ def _origin_lines(snap: Any, color: bool) -> list[str]:
 
 
 def _frame_records(frame: Optional[FrameType]) -> list:
-    """The real stack from ``frame`` outwards, outermost first, without monstack's frames."""
+    """The real stack from ``frame`` outwards, outermost first, without monstack's frames
+    and without the ``<frozen runpy>`` frames that start a ``python -m`` program."""
     recs = []
     f = frame
     while f is not None:
@@ -183,7 +184,42 @@ def _frame_records(frame: Optional[FrameType]) -> list:
             recs.append(frame_record(code, f.f_lasti))
         f = f.f_back
     recs.reverse()
+    while recs and recs[0][0] == "<frozen runpy>":
+        del recs[0]
     return _safe_records(recs)
+
+
+def _format_stack(recs: list, color: bool, hide: Optional[Callable[[str], Optional[str]]]) -> list[str]:
+    """``recs`` formatted; with ``hide`` (file name -> the name of the framework it belongs
+    to, or None), each run of a framework's frames is one line saying how many."""
+    if hide is None:
+        return _format.format_records(recs, color, FRAME_LIMIT)
+    out: list[str] = []
+    shown: list = []
+    hidden: list[str] = []
+
+    def flush_hidden() -> None:
+        if hidden:
+            names = sorted(set(hidden))
+            what = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+            line = f"  [... {len(hidden)} frame{'s' if len(hidden) != 1 else ''} of {what}]"
+            out.append((f"{ANSI.GREY}{line}{ANSI.RESET}" if color else line) + "\n")
+            hidden.clear()
+
+    for rec in recs:
+        name = hide(rec[0])
+        if name is None:
+            flush_hidden()
+            shown.append(rec)
+            continue
+        if shown:
+            out.extend(_format.format_records(shown, color, FRAME_LIMIT))
+            shown = []
+        hidden.append(name)
+    flush_hidden()
+    if shown:
+        out.extend(_format.format_records(shown, color, FRAME_LIMIT))
+    return out
 
 
 def _thread_heading(ident: int, thread: Any, me: int, color: bool) -> str:
@@ -289,7 +325,8 @@ def _task_section(task: Any, color: bool) -> list[str]:
     return out
 
 
-def _thread_section(ident: int, frame: Optional[FrameType], thread: Any, snap: Any, me: int, color: bool) -> list[str]:
+def _thread_section(ident: int, frame: Optional[FrameType], thread: Any, snap: Any, me: int, color: bool,
+                    hide: Optional[Callable[[str], Optional[str]]] = None) -> list[str]:
     out = [_thread_heading(ident, thread, me, color)]
     if isinstance(getattr(thread, "_target", None), _WatchdogRun):
         out.append("  (monstack's dump_later watchdog)\n")
@@ -297,7 +334,7 @@ def _thread_section(ident: int, frame: Optional[FrameType], thread: Any, snap: A
     out.append(STACK_HEADING + "\n")
     recs = _frame_records(frame)
     if recs:
-        out.extend(_format.format_records(recs, color, FRAME_LIMIT))
+        out.extend(_format_stack(recs, color, hide))
     else:
         out.append("  (no Python frames)\n")
     origin = snap.origin if snap is not None else None
@@ -337,8 +374,12 @@ def _order(frames: dict, active: dict, me: int) -> list[int]:
 # -- the report ----------------------------------------------------------------------------
 
 
-def report(*, color: bool = False, limit_bytes: Optional[int] = DEFAULT_LIMIT) -> str:
-    """The whole report as text. Never raises: a part that fails is a line in the report."""
+def report(*, color: bool = False, limit_bytes: Optional[int] = DEFAULT_LIMIT,
+           hide: Optional[Callable[[str], Optional[str]]] = None) -> str:
+    """The whole report as text. Never raises: a part that fails is a line in the report.
+
+    ``hide``: file name -> the name of the framework whose frames it holds (each run of them
+    becomes one line), or None to show it; the pytest plugin hides pytest's own frames."""
     parts: list[str] = []
     size = 0
     skipped = {"threads": 0, "tasks": 0}
@@ -364,7 +405,8 @@ def report(*, color: bool = False, limit_bytes: Optional[int] = DEFAULT_LIMIT) -
         add("threads", [_header(color, len(frames))])
         for ident in _order(frames, active, me):
             try:
-                add("threads", ["\n"] + _thread_section(ident, frames.get(ident), active.get(ident), snaps.get(ident), me, color))
+                add("threads", ["\n"] + _thread_section(ident, frames.get(ident), active.get(ident), snaps.get(ident), me,
+                                                        color, hide))
             except Exception as exc:
                 add("threads", [f"\n(monstack: thread {ident:#x} could not be reported: {_short_repr(exc)})\n"])
         try:

@@ -428,12 +428,14 @@ def write_fd(fd: int, text: str) -> None:
             continue
 
 
-def plain_report(note: str) -> str:
-    """Every thread's stack from ``sys._current_frames()``, in the traceback layout, after
-    ``note``: what a process without monstack (or with monstack off) can still say. Names,
-    file names and source lines have their control characters escaped."""
+def plain_report(note: str, why: str = "monstack not imported") -> str:
+    """Every thread's stack from ``sys._current_frames()``, in the layout of monstack's own
+    report (``monstack._dump``: the same header, thread headings and frames), then ``note``
+    under the header: what a process without monstack (or with monstack off) can still say.
+    Names, file names and source lines have their control characters escaped."""
     import linecache
     import threading
+    import time
     import traceback
 
     esc = escape_controls
@@ -442,8 +444,14 @@ def plain_report(note: str) -> str:
     main = threading.main_thread().ident
     this = sys._getframe().f_code.co_filename  # this file, or "<string>" in the remote script
     ours = (this, "<string>", os.path.join(os.path.dirname(this), "_dumpsig.py"))
-    lines = [f"{esc(note)}\n"]
     frames = sys._current_frames()
+    version = ".".join(map(str, sys.version_info[:3]))
+    now = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+    lines = [
+        f"monstack dump: process {os.getpid()}, CPython {version}, {why}: stacks without origins, {now}, "
+        f"{len(frames)} threads\n",
+        f"({esc(note)})\n",
+    ]
     for ident in sorted(frames, key=lambda i: (i != main, i)):
         entries = traceback.extract_stack(frames[ident], limit=None)
         if ident == here:  # leave out the dump's own frames (the handler, the script)
@@ -451,13 +459,24 @@ def plain_report(note: str) -> str:
                 if entry.filename in ours:
                     del entries[i:]
                     break
+        while entries and entries[0].filename == "<frozen runpy>":
+            del entries[0]
         thread = names.get(ident)
+        detail = f"ident {ident:#x}"
         if thread is not None:
-            label = f"Thread {esc(repr(thread.name))} (ident {ident}{', daemon' if thread.daemon else ''})"
+            if thread.daemon:
+                detail += ", daemon"
+            if getattr(thread, "native_id", None) is not None:
+                detail += f", native id {thread.native_id}"
+            label = f'Thread "{esc(str(thread.name))}"'
         else:
-            label = f"Thread (ident {ident})"
-        lines.append(f"\n{label}:\n")
-        lines.append("Traceback (most recent call last):\n")
+            label = "Thread (not started by threading)"
+        if ident == here:
+            detail += ", writing this report"
+        lines.append(f"\n{label} ({detail}):\n")
+        lines.append("Stack (most recent call last):\n")
+        if not entries:
+            lines.append("  (no Python frames)\n")
         for entry in entries:
             lines.append(f'  File "{esc(entry.filename)}", line {entry.lineno}, in {esc(entry.name)}\n')
             source = linecache.getline(entry.filename, entry.lineno or 0).strip()
@@ -481,13 +500,13 @@ def report_text(color: bool = False) -> str:
         if dump_module is not None:
             return dump_module.report(color=color)  # its default size cap
         return plain_report(
-            f"monstack is not imported in process {os.getpid()}: the stacks below have no origins "
-            "(start it with MONSTACK=1 to see where each thread's work came from)."
+            f"monstack is not imported in process {os.getpid()}: start it with MONSTACK=1 to see where "
+            "each thread's work came from"
         )
     except Exception as exc:  # never break the target
         why = escape_controls(f"{type(exc).__name__}: {exc}")
         try:
-            return plain_report(f"monstack could not build its report ({why}).")
+            return plain_report(f"monstack could not build its report ({why})", "monstack failed")
         except Exception:
             return f"monstack could not build its report ({escape_controls(type(exc).__name__)}).\n"
 

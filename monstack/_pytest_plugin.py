@@ -28,12 +28,40 @@ except ImportError:  # only pytest loads this module (a test dependency, not a r
 TITLE = "Timeout"
 
 
+def _framework_dirs() -> list[tuple[str, str]]:
+    """(directory + os.sep, shown name) of the packages whose frames the report folds:
+    pytest's own (``_pytest``, ``pytest``), ``pluggy``'s and pytest-timeout's, which every
+    test's main thread runs through and pytest's own traceback leaves out."""
+    found = []
+    for module, shown in (("_pytest", "pytest"), ("pytest", "pytest"), ("pluggy", "pluggy"),
+                          ("pytest_timeout", "pytest-timeout")):
+        mod = sys.modules.get(module)
+        path = getattr(mod, "__file__", None)
+        if path:
+            base = os.path.dirname(path)
+            found.append((base + os.sep if os.path.basename(path) == "__init__.py" else path, shown))
+    return found
+
+
+def _hider() -> Any:
+    dirs = _framework_dirs()
+
+    def hide(filename: str) -> Any:
+        for prefix, shown in dirs:
+            if filename.startswith(prefix) or filename == prefix:
+                return shown
+        return None
+
+    return hide
+
+
 def _report(terminal: Any) -> None:
-    """monstack's report of every thread and task on pytest's terminal."""
+    """monstack's report of every thread and task on pytest's terminal, pytest's own
+    frames folded (each run is one line: pytest shows the test's traceback itself)."""
     try:
         from ._dump import report
 
-        text = report(color=bool(getattr(terminal, "hasmarkup", False)))
+        text = report(color=bool(getattr(terminal, "hasmarkup", False)), hide=_hider())
     except Exception as exc:  # report() never raises; an old or missing one might
         text = f"monstack could not build its report ({type(exc).__name__}: {exc})\n"
     terminal.write(text if text.endswith("\n") else text + "\n")

@@ -506,3 +506,26 @@ def test_hung_main_thread_sleeping(mode):
     text = run_hung(path.name, mode)
     lines(section(text, 'Thread "MainThread"'), path, "# MAIN-SLEEPS")
     lines(section(text, 'Thread "sleeper"'), path, "# WAITS-WORKER", "# STARTS-WORKER")
+
+
+def test_a_program_started_by_run_or_dash_m_shows_no_runpy_frames(tmp_path):
+    """``python -m`` and ``python -m monstack run`` start the program from ``<frozen runpy>``
+    frames: noise the report leaves out (the program's own frames start the stack)."""
+    (tmp_path / "prog.py").write_text("import monstack\n\ndef main():\n    monstack.dump()  # the dumping line\n\nmain()\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MONSTACK")}
+    for argv in (["-m", "monstack", "run", "prog.py"], ["-m", "prog"]):
+        out = subprocess.run([sys.executable, *argv], cwd=tmp_path, env=env, capture_output=True, text=True,
+                             timeout=60)
+        assert out.returncode == 0, out.stderr
+        assert "monstack.dump()  # the dumping line" in out.stderr
+        assert "<frozen runpy>" not in out.stderr, out.stderr
+
+
+def test_hide_folds_each_run_of_a_frameworks_frames():
+    recs = [("/fw/a.py", 1, "a", None, None, None), ("/fw/b.py", 2, "b", None, None, None),
+            ("/app.py", 3, "main", None, None, None), ("/fw/c.py", 4, "c", None, None, None)]
+    lines = _dump._format_stack(recs, False, lambda f: "fw" if f.startswith("/fw/") else None)
+    text = "".join(lines)
+    assert text.count("[... 2 frames of fw]") == 1 and text.count("[... 1 frame of fw]") == 1
+    assert 'File "/app.py", line 3, in main' in text and "/fw/" not in text
+    assert text.index("2 frames") < text.index("/app.py") < text.index("1 frame")

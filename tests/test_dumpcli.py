@@ -367,7 +367,12 @@ def test_remote_path_without_monstack_says_so(targets):
     target = targets.start("loop")
     out = dump(target.pid, "--timeout", "20")
     assert out.returncode == 0, out.stderr
-    assert out.stdout.startswith(f"monstack is not imported in process {target.pid}")
+    # the layout of monstack's own report: its header, thread headings and "Stack" lines
+    assert out.stdout.startswith(f"monstack dump: process {target.pid}, CPython ")
+    assert "monstack not imported: stacks without origins" in out.stdout.splitlines()[0]
+    assert f"monstack is not imported in process {target.pid}" in out.stdout.splitlines()[1]
+    assert 'Thread "MainThread" (ident 0x' in out.stdout and "Stack (most recent call last):" in out.stdout
+    assert "Traceback (most recent call last):" not in out.stdout
     assert WORKER_LINES[0] in out.stdout and MAIN_LINES["loop"] in out.stdout
     assert WORKER_LINES[1] not in out.stdout  # no origins
     assert "<string>" not in out.stdout  # the remote script's own frames are left out

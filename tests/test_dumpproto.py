@@ -179,7 +179,9 @@ def test_clean_stale_removes_files_of_ended_processes_only(base):
 
 def test_plain_report_says_why_and_leaves_out_its_own_frames():
     text = proto.plain_report("no monstack here")
-    assert text.startswith("no monstack here\n")
+    assert text.startswith(f"monstack dump: process {os.getpid()}, CPython ")  # monstack's own layout
+    assert text.splitlines()[1] == "(no monstack here)"
+    assert "Stack (most recent call last):" in text and "writing this report" in text
     assert "test_plain_report_says_why" in text
     assert "monstack/_dumpproto.py" not in text and "in plain_report" not in text
 

@@ -107,3 +107,39 @@ def test_with_monstack_off_pytest_timeout_is_unchanged_and_nothing_is_imported(t
     assert "Stack of stuck-worker" in text  # pytest-timeout's own dump
     assert "monstack dump:" not in text
     assert "1 failed, 2 passed" in text, text
+
+
+def _between_timeout_separators(text: str) -> list[str]:
+    lines = text.splitlines()
+    marks = [i for i, line in enumerate(lines) if line.startswith("+") and " Timeout " in line]
+    assert len(marks) == 2, text
+    return lines[marks[0] + 1 : marks[1]]
+
+
+def test_the_report_folds_pytests_own_frames_and_stays_short(tmp_path):
+    """The main thread runs through some 30 frames of pytest and pluggy that pytest's own
+    traceback leaves out: each run is one line, and the report stays within 3x the length of
+    pytest-timeout's own (which shows the other threads without origins)."""
+    source = textwrap.dedent(
+        """
+        import threading
+
+        def test_joins():
+            event = threading.Event()
+            worker = threading.Thread(target=event.wait, name="stuck-worker", daemon=True)
+            worker.start()  # the worker's creating line
+            worker.join()  # the test's waiting line
+        """
+    )
+    ours = _between_timeout_separators((lambda o: o.stdout + o.stderr)(
+        run_pytest(tmp_path, "--timeout", "1", "--timeout-method", "signal", source=source)))
+    theirs = _between_timeout_separators((lambda o: o.stdout + o.stderr)(
+        run_pytest(tmp_path, "--timeout", "1", "--timeout-method", "signal", source=source, monstack_on=False)))
+    text = "\n".join(ours)
+    assert "worker.join()  # the test's waiting line" in text
+    assert "worker.start()  # the worker's creating line" in text  # the stuck thread's origin
+    assert f"{os.sep}_pytest{os.sep}" not in text and f"{os.sep}pluggy{os.sep}" not in text
+    assert "<frozen runpy>" not in text
+    folded = [line for line in ours if line.startswith("  [... ") and "frames of" in line]
+    assert folded and "pytest" in folded[0], text
+    assert len(ours) <= 3 * len(theirs), (len(ours), len(theirs), text)
