@@ -18,8 +18,7 @@ import sys
 from _contextvars import Context
 from _weakref import ref as _weakref
 
-from . import _capture, _format
-from ._colorize import resolve
+from . import _capture
 from ._snapshot import CURRENT_ORIGIN, RUNNING, Snapshot
 
 TYPE_CHECKING = False
@@ -30,8 +29,20 @@ if TYPE_CHECKING:
 
 #: Attribute holding an exception's origin (also travels with a pickled exception).
 ORIGIN_ATTR = "__monstack_origin__"
-#: The heading of the PEP 678 note added by :func:`attach`.
-NOTE_HEADING = _format.ORIGIN_HEADING
+
+
+def _fmt() -> Any:
+    """The formatting core (``_format``, ``_colorize``): loaded with the first note or
+    report, not with this module, which the ``start_new_thread`` point loads at start-up."""
+    from . import _format
+
+    return _format
+
+
+def __getattr__(name: str) -> Any:
+    if name == "NOTE_HEADING":  # the heading of the PEP 678 note added by attach()
+        return _fmt().ORIGIN_HEADING
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 #: Origins of exceptions that refuse attributes: id(exc) -> (weakref(exc), snapshot).
 _SIDE: dict[int, tuple] = {}
@@ -380,6 +391,9 @@ def format_exception(exc: BaseException, color: Optional[bool] = None) -> str:
     """
     if not isinstance(exc, BaseException):
         raise TypeError(f"monstack.format_exception() needs an exception instance, got {_type_name(exc)}")
+    _format = _fmt()
+    from ._colorize import resolve
+
     return _format.format_exception(exc, _lookup(exc), resolve(color, sys.stderr))
 
 
@@ -394,6 +408,9 @@ def print_exception(exc: BaseException, file: Optional[IO[str]] = None, color: O
         file = sys.stderr
     if file is None:  # no stderr (pythonw): nowhere to write
         return
+    _format = _fmt()
+    from ._colorize import resolve
+
     file.write(_format.format_exception(exc, _lookup(exc), resolve(color, file)))
 
 
@@ -466,10 +483,11 @@ def _lookup(exc: BaseException) -> Optional[Snapshot]:
 
 def _set_note(exc: BaseException, snap: Snapshot) -> None:
     """Add the plain-text note once; replace monstack's earlier note if there is one."""
+    _format = _fmt()
     try:
         note = "".join(_format.format_origin(snap, color=False)).rstrip("\n")
     except Exception:
-        note = NOTE_HEADING + "\n  (monstack: the origin could not be formatted)"
+        note = _format.ORIGIN_HEADING + "\n  (monstack: the origin could not be formatted)"
     try:
         notes = getattr(exc, "__notes__", None)
     except Exception:

@@ -1424,3 +1424,41 @@ def test_a_threads_run_keeps_the_func_convention():
         assert_created_at(got[0], "func-start")
     finally:
         threading.Thread.start = original  # type: ignore[method-assign]
+
+
+# -- a thread started at interpreter shutdown ---------------------------------------------------
+
+AT_SHUTDOWN = """\
+import {module}
+def work():
+    pass
+class AtFinalization:
+    def __del__(self):
+        print("OK")
+        {start}
+at_finalization = AtFinalization()
+"""
+
+
+@pytest.mark.parametrize("how", ["start_new_thread", "threading"])
+def test_a_thread_started_at_interpreter_shutdown_fails_as_without_monstack(how, tmp_path):
+    """At shutdown (a ``__del__`` run while modules are finalized, ``sys.meta_path`` gone)
+    CPython refuses a new thread with its own RuntimeError; the points load nothing on a
+    call, so the program sees that error, with the same traceback, under monstack too."""
+    import re
+    import subprocess
+
+    if how == "threading" and sys.version_info < (3, 12):
+        pytest.skip("CPython 3.11's Thread.start() at shutdown waits forever, with or without monstack")
+    start = "_thread.start_new_thread(work, ())" if how == "start_new_thread" else "threading.Thread(target=work).start()"
+    program = tmp_path / "prog.py"
+    program.write_text(AT_SHUTDOWN.format(module="_thread" if how == "start_new_thread" else "threading", start=start))
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    outs = []
+    for on in ("0", "1"):
+        env = dict(os.environ, PYTHONPATH=root, MONSTACK=on)
+        out = subprocess.run([sys.executable, str(program)], capture_output=True, text=True, env=env, timeout=60)
+        outs.append((out.returncode, out.stdout, re.sub(r"0x[0-9a-fA-F]+", "0x?", out.stderr)))
+    if sys.version_info >= (3, 12):
+        assert "can't create new thread at interpreter shutdown" in outs[0][2]  # (the case is real)
+    assert outs[1] == outs[0]

@@ -339,13 +339,14 @@ def test_start_up_imports_none_of_the_heavy_modules():
     assert backend == expected_backend()
     assert sorted(added & set(NOT_AT_START_UP)) == []
     assert not [m for m in added if m.startswith(("asyncio.", "logging.", "json.", "re.", "concurrent", "multiprocessing"))]
-    # nor monstack's own modules that tracking does not need yet: the origin machinery loads
-    # with the first propagation point patched, the dump signal's with MONSTACK_DUMP_SIGNAL
+    # nor monstack's own modules that tracking does not need yet: the formatting loads with
+    # the first note (the start_new_thread point, applied at start-up, loads _origin without
+    # it), the dump signal's with MONSTACK_DUMP_SIGNAL
     assert sorted(added & set(NOT_MONSTACK_AT_START_UP)) == []
 
 
 #: monstack's modules that MONSTACK=1 start-up leaves for later (first use).
-NOT_MONSTACK_AT_START_UP = ("monstack._origin", "monstack._format", "monstack._colorize", "monstack._threads",
+NOT_MONSTACK_AT_START_UP = ("monstack._format", "monstack._colorize", "monstack._threads",
                             "monstack._points.greenlet", "monstack._dump", "monstack._dumpsig")
 
 
@@ -372,7 +373,7 @@ def test_the_dump_signal_loads_its_module_at_start_up_only_when_set():
 START_NEW_THREAD_FIRST = """\
 import _thread, sys
 import monstack
-assert "monstack._origin" not in sys.modules  # loads on the first start_new_thread call
+assert "monstack._format" not in sys.modules  # loads with the first note, not at a hop
 done = _thread.allocate_lock(); done.acquire()
 seen = []
 def raw():

@@ -1,9 +1,9 @@
 """The ``threading`` and ``start_new_thread`` points (see ``monstack._propagate``).
 
 Loaded at ``install()``: ``_thread`` is always imported, so ``start_new_thread``'s patch is
-applied then. Nothing here imports ``threading`` (a program that must run before it is
-imported, gevent's monkey-patching, still can under MONSTACK=1) nor, at import,
-``monstack._origin``.
+applied then, with what it needs from ``monstack._origin`` (not the formatting: that loads
+with the first note). Nothing here imports ``threading``: a program that must run before
+it is imported (gevent's monkey-patching) still can under MONSTACK=1.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 import _thread
 import sys
 
+from .. import _env
 from . import ON, binder, patch, take
 
 TYPE_CHECKING = False
@@ -54,14 +55,18 @@ def apply_thread_start() -> None:
         bind = binder(original)  # called as Python would: through __get__
 
         def start(self: threading.Thread) -> None:
-            if "threading" not in ON:
-                return bind(self, type(self))()
-            bound = _bind_thread(self)
             try:
-                return bind(self, type(self))()
-            except BaseException:
-                if bound:
-                    _unbind_thread(self, bound)
+                if "threading" not in ON:
+                    return bind(self, type(self))()
+                bound = _bind_thread(self)
+                try:
+                    return bind(self, type(self))()
+                except BaseException:
+                    if bound:
+                        _unbind_thread(self, bound)
+                    raise
+            except BaseException as exc:  # (the traceback a direct call gives)
+                _drop_own_entry(exc, sys._getframe())
                 raise
 
         return start
@@ -152,17 +157,24 @@ def _define_thread_run(base: Any) -> Any:
 
 
 def apply_start_new_thread() -> None:
+    # Everything the replacement needs is bound now (at install(): _thread is always
+    # imported), never on a call: a thread started at interpreter shutdown must meet
+    # CPython's own error, not a failing import.
+    _load_origin()
+
     def make(original: Callable[..., Any]) -> Callable[..., Any]:
         def start_new_thread(function: Any, args: Any, *kwargs: Any) -> Any:
-            if "start_new_thread" not in ON or _threading_bootstrap(function):
-                return original(function, args, *kwargs)
-            _load_origin()  # (on the first call: see monstack._propagate)
-            if has_origin(function) or _opaque(function):
-                return original(function, args, *kwargs)
-            snap = take()
-            if snap is None:
-                return original(function, args, *kwargs)
-            return original(_ThreadStart(function, snap), args, *kwargs)
+            try:
+                if ("start_new_thread" not in ON or _threading_bootstrap(function) or has_origin(function)
+                        or _opaque(function)):
+                    return original(function, args, *kwargs)
+                snap = take()
+                if snap is None:
+                    return original(function, args, *kwargs)
+                return original(_ThreadStart(function, snap), args, *kwargs)
+            except BaseException as exc:  # (the traceback a direct call gives)
+                _drop_own_entry(exc, sys._getframe())
+                raise
 
         return start_new_thread
 
@@ -213,8 +225,6 @@ def _report_unraisable(exc: BaseException, function: Any) -> bool:
     """The default ``sys.unraisablehook`` of 3.11-3.14 prints no notes: print its report
     ourselves, with the note (what 3.15's default hook prints). True if printed; any
     other hook (yours, pytest's) gets the exception as usual, note attached."""
-    from .. import _env
-
     if _env.PYVERSION[:2] >= (3, 15) or sys.unraisablehook is not sys.__unraisablehook__:
         return False
     try:
