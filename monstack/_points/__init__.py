@@ -15,7 +15,7 @@ and calls ``<function>()`` with no arguments. That function:
   through (a patch somebody laid over ours keeps working after ``uninstall()``);
 - calls what it replaced as Python would (:func:`binder`: through the descriptor
   protocol), so other patchers' wrappers (wrapt's, ``functools.wraps``-style) see the
-  instance they expect;
+  instance they expect (a plain function is called as before, at no cost);
 - binds everything its replacements need when it runs: nothing is imported on a hop's
   path (at interpreter shutdown an import fails where CPython's own error is due);
 - takes the creating side's snapshot with :func:`take` (None where that fails: the work
@@ -123,15 +123,28 @@ def undo() -> None:
     INHERITED.clear()
 
 
-def binder(original: Any) -> Callable[[Any, Any], Any]:
-    """``bind(instance, owner)``: what ``instance.attr`` gives when the class attribute is
-    ``original`` (its ``__get__``; the object itself where it has none), so a replacement
-    calls what it replaced as Python would: a wrapt ``FunctionWrapper`` sees its instance,
-    a plain function gets ``self`` first."""
-    get = getattr(type(original), "__get__", None)
+def binder(original: Any) -> Callable[..., Any]:
+    """``call(instance, *args, **kwargs)``: what ``instance.attr(*args, **kwargs)`` does when
+    the class attribute is ``original``, so a replacement calls what it replaced as Python
+    would (through ``__get__``): a wrapt ``FunctionWrapper`` sees its instance, an object
+    with no ``__get__`` is called as it is. For a plain function or a C method descriptor
+    that is ``original(instance, ...)``: ``original`` itself, at no cost per call."""
+    kind = type(original)
+    if kind is _FUNCTION or kind is _METHOD_DESCRIPTOR or kind is _WRAPPER_DESCRIPTOR:
+        return original  # type: ignore[no-any-return]
+    get = getattr(kind, "__get__", None)
     if get is None:
-        return lambda _instance, _owner: original
-    return original.__get__  # type: ignore[no-any-return]
+        return lambda _instance, *args, **kwargs: original(*args, **kwargs)
+
+    def call(instance: Any, *args: Any, **kwargs: Any) -> Any:
+        return get(original, instance, type(instance))(*args, **kwargs)
+
+    return call
+
+
+_FUNCTION = type(binder)
+_METHOD_DESCRIPTOR = type(str.join)
+_WRAPPER_DESCRIPTOR = type(object.__init__)
 
 
 def update_wrapper(wrapper: Any, wrapped: Any) -> None:

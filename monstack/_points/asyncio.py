@@ -21,21 +21,21 @@ _note_loop = _threads.note_loop
 
 
 def _make_create_task(original: Callable[..., Any]) -> Callable[..., Any]:
-    bind = binder(original)  # called as Python would: through __get__
+    call = binder(original)  # calls it as Python would: through __get__
 
     def create_task(self: Any, coro: Any, *args: Any, **kwargs: Any) -> Any:
         if "asyncio_tasks" not in ON:
-            return bind(self, type(self))(coro, *args, **kwargs)
+            return call(self, coro, *args, **kwargs)
         if id(self) not in _LOOPS:
             _note_loop(self)
         if kwargs.get("context") is not None:
-            return _create_task_in_context(bind, self, coro, args, kwargs)
+            return _create_task_in_context(call, self, coro, args, kwargs)
         snap = take()
         if snap is None:
-            return bind(self, type(self))(coro, *args, **kwargs)
+            return call(self, coro, *args, **kwargs)
         token = CURRENT_ORIGIN.set(snap)  # the task copies the current context
         try:
-            task = bind(self, type(self))(coro, *args, **kwargs)
+            task = call(self, coro, *args, **kwargs)
         finally:
             CURRENT_ORIGIN.reset(token)
         _when_task_done(task, snap)
@@ -44,7 +44,7 @@ def _make_create_task(original: Callable[..., Any]) -> Callable[..., Any]:
     return create_task
 
 
-def _create_task_in_context(bind: Callable[..., Any], loop: Any, coro: Any, args: tuple, kwargs: dict) -> Any:
+def _create_task_in_context(call: Callable[..., Any], loop: Any, coro: Any, args: tuple, kwargs: dict) -> Any:
     """A task with an explicit context runs in that very Context object, which must not
     gain our variable (the caller may share it or read it afterwards), so code inside
     the task does not see the origin; its failure still gets it, from a done callback.
@@ -52,11 +52,11 @@ def _create_task_in_context(bind: Callable[..., Any], loop: Any, coro: Any, args
     out of asyncio.run(), under the line that called it."""
     try:
         if sys._getframe(2).f_globals.get("__name__") == "asyncio.runners":
-            return bind(loop, type(loop))(coro, *args, **kwargs)
+            return call(loop, coro, *args, **kwargs)
     except Exception:
         pass
     snap = take()
-    task = bind(loop, type(loop))(coro, *args, **kwargs)
+    task = call(loop, coro, *args, **kwargs)
     if snap is not None:
         _when_task_done(task, snap)
     return task
@@ -117,7 +117,7 @@ def _task_done(snap: Any, task: Any) -> None:
 
 
 def _make_run_in_executor(original: Callable[..., Any]) -> Callable[..., Any]:
-    bind = binder(original)  # called as Python would: through __get__
+    call = binder(original)  # calls it as Python would: through __get__
 
     def run_in_executor(self: Any, executor: Any, func: Any, *args: Any) -> Any:
         # Any executor: it receives a callable that answers as func does. Coroutine
@@ -128,11 +128,11 @@ def _make_run_in_executor(original: Callable[..., Any]) -> Callable[..., Any]:
         if "asyncio_executor" not in ON or has_origin(func) or _crosses_interpreters(executor):
             # (an InterpreterPoolExecutor needs func as it is: thread_pool's submit
             # attaches its origin when the future fails)
-            return bind(self, type(self))(executor, func, *args)
+            return call(self, executor, func, *args)
         snap = take()
         if snap is None:
-            return bind(self, type(self))(executor, func, *args)
-        return bind(self, type(self))(executor, carry(func, snap), *args)
+            return call(self, executor, func, *args)
+        return call(self, executor, carry(func, snap), *args)
 
     return run_in_executor
 

@@ -277,7 +277,7 @@ def apply_trace() -> None:
     trace = sys.modules["celery.app.trace"]
 
     def make(original: Callable[..., Any]) -> Callable[..., Any]:
-        bind = binder(original)  # called as Python would: through __get__
+        call = binder(original)  # calls it as Python would: through __get__
 
         def handle_failure(self: Any, task: Any, req: Any, *args: Any, **kwargs: Any) -> Any:
             if POINT in on:
@@ -288,7 +288,7 @@ def apply_trace() -> None:
                         _attach_if_absent(exc, snap)
                 except Exception:
                     pass
-            return bind(self, type(self))(task, req, *args, **kwargs)
+            return call(self, task, req, *args, **kwargs)
 
         return handle_failure
 
@@ -304,11 +304,11 @@ def apply_result() -> None:
     result = sys.modules["celery.result"]
 
     def make(original: Callable[..., Any]) -> Callable[..., Any]:
-        bind = binder(original)  # called as Python would: through __get__
+        call = binder(original)  # calls it as Python would: through __get__
 
         def get(self: Any, *args: Any, **kwargs: Any) -> Any:
             try:
-                return bind(self, type(self))(*args, **kwargs)
+                return call(self, *args, **kwargs)
             except Exception as exc:
                 if POINT in on and SUBMITTED:
                     try:

@@ -159,23 +159,23 @@ def apply() -> None:
     recognise(client_mod)
 
     def make_submitter(original: Callable[..., Any]) -> Callable[..., Any]:
-        bind = binder(original)  # called as Python would: through __get__
+        call = binder(original)  # calls it as Python would: through __get__
         # submit(self, func, *args, key=..., pure=..., ...) and map(self, func, *iterables, ...)
         def submit(self: Any, *args: Any, **kwargs: Any) -> Any:
             if ("dask" not in ON or not args or kwargs.get("actor") or kwargs.get("actors")
                     or isinstance(args[0], _WithOrigin)):
-                return bind(self, type(self))(*args, **kwargs)
+                return call(self, *args, **kwargs)
             snap = take()
             if snap is None:
-                return bind(self, type(self))(*args, **kwargs)
-            result = bind(self, type(self))(_carried(args[0], snap), *args[1:], **kwargs)
+                return call(self, *args, **kwargs)
+            result = call(self, _carried(args[0], snap), *args[1:], **kwargs)
             _remember(_keys_of(result), snap)
             return result
 
         return submit
 
     def make_set_error(original: Callable[..., Any]) -> Callable[..., Any]:
-        bind = binder(original)  # called as Python would: through __get__
+        call = binder(original)  # calls it as Python would: through __get__
         # Every failure a client learns of (task-erred, KilledWorker from the scheduler)
         # is set here, before the future's waiters are woken.
         def set_error(self: Any, exception: Any, traceback: Any) -> Any:
@@ -190,19 +190,19 @@ def apply() -> None:
                             exception, traceback = exc, tb
                 except Exception:
                     pass
-            return bind(self, type(self))(exception, traceback)
+            return call(self, exception, traceback)
 
         return set_error
 
     def make_release(original: Callable[..., Any]) -> Callable[..., Any]:
-        bind = binder(original)  # called as Python would: through __get__
+        call = binder(original)  # calls it as Python would: through __get__
 
         def _release_key(self: Any, key: Any, *args: Any, **kwargs: Any) -> Any:
             try:
                 _ORIGINS.pop(key, None)
             except Exception:
                 pass
-            return bind(self, type(self))(key, *args, **kwargs)
+            return call(self, key, *args, **kwargs)
 
         return _release_key
 

@@ -16,23 +16,23 @@ if TYPE_CHECKING:
 
 def _make_submit(point: str) -> Callable[[Any], Any]:
     def make(original: Callable[..., Any]) -> Callable[..., Any]:
-        bind = binder(original)  # called as Python would: through __get__
+        call = binder(original)  # calls it as Python would: through __get__
 
         def submit(self: Any, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
             if point not in ON or has_origin(fn):
-                return bind(self, type(self))(fn, *args, **kwargs)
+                return call(self, fn, *args, **kwargs)
             snap = take()
             if snap is None:
-                return bind(self, type(self))(fn, *args, **kwargs)
+                return call(self, fn, *args, **kwargs)
             if _crosses_interpreters(self):
                 # 3.14+: the callable must be shareable with another interpreter as the
                 # user gave it (a wrapper is not): it runs unwrapped, and the exception
                 # it raised gets the origin in this interpreter, when the future fails.
-                future = bind(self, type(self))(fn, *args, **kwargs)
+                future = call(self, fn, *args, **kwargs)
                 _attach_when_done(future, snap)
                 return future
             carried = carry(fn, snap)
-            future = bind(self, type(self))(carried, *args, **kwargs)
+            future = call(self, carried, *args, **kwargs)
             if point == "process_pool" or carried is fn:  # fn unwrapped: a coroutine function...
                 _attach_when_done(future, snap)
             return future

@@ -20,14 +20,14 @@ def apply_process() -> None:
     import multiprocessing.process as mp_process
 
     def make(original: Callable[..., None]) -> Callable[..., None]:
-        bind = binder(original)  # called as Python would: through __get__
+        call = binder(original)  # calls it as Python would: through __get__
 
         def start(self: Any) -> None:
             if "process" not in ON:
-                return bind(self, type(self))()
+                return call(self)
             run = _bind_process_run(self)
             try:
-                return bind(self, type(self))()  # fork copies, spawn and forkserver pickle, our run()
+                return call(self)  # fork copies, spawn and forkserver pickle, our run()
             finally:
                 if run is not None:  # the parent's object is as it was
                     try:
@@ -93,45 +93,45 @@ def apply_pool() -> None:
         return error_callback
 
     def make_apply_async(original: Callable[..., Any]) -> Callable[..., Any]:
-        bind = binder(original)  # called as Python would: through __get__
+        call = binder(original)  # calls it as Python would: through __get__
 
         def apply_async(self: Any, func: Any, args: Any = (), kwds: Any = {},  # noqa: B006 (the original's default)
                         callback: Any = None, error_callback: Any = None) -> Any:
             if "mp_pool" not in ON or has_origin(func):
-                return bind(self, type(self))(func, args, kwds, callback, error_callback)
+                return call(self, func, args, kwds, callback, error_callback)
             snap = take()
             if snap is None:
-                return bind(self, type(self))(func, args, kwds, callback, error_callback)
-            return bind(self, type(self))(carry(func, snap), args, kwds, callback,
+                return call(self, func, args, kwds, callback, error_callback)
+            return call(self, carry(func, snap), args, kwds, callback,
                             with_error_callback(snap, error_callback))
 
         return apply_async
 
     def make_map_async(original: Callable[..., Any]) -> Callable[..., Any]:
-        bind = binder(original)  # called as Python would: through __get__
+        call = binder(original)  # calls it as Python would: through __get__
 
         def _map_async(self: Any, func: Any, iterable: Any, mapper: Any, chunksize: Any = None,
                        callback: Any = None, error_callback: Any = None) -> Any:
             if "mp_pool" not in ON or has_origin(func):
-                return bind(self, type(self))(func, iterable, mapper, chunksize, callback, error_callback)
+                return call(self, func, iterable, mapper, chunksize, callback, error_callback)
             snap = take()
             if snap is None:
-                return bind(self, type(self))(func, iterable, mapper, chunksize, callback, error_callback)
-            return bind(self, type(self))(carry(func, snap), iterable, mapper, chunksize, callback,
+                return call(self, func, iterable, mapper, chunksize, callback, error_callback)
+            return call(self, carry(func, snap), iterable, mapper, chunksize, callback,
                             with_error_callback(snap, error_callback))
 
         return _map_async
 
     def make_imap(original: Callable[..., Any]) -> Callable[..., Any]:
-        bind = binder(original)  # called as Python would: through __get__
+        call = binder(original)  # calls it as Python would: through __get__
 
         def imap(self: Any, func: Any, iterable: Any, chunksize: int = 1) -> Any:
             if "mp_pool" not in ON or has_origin(func):
-                return bind(self, type(self))(func, iterable, chunksize)
+                return call(self, func, iterable, chunksize)
             snap = take()
             if snap is None:
-                return bind(self, type(self))(func, iterable, chunksize)
-            return bind(self, type(self))(carry(func, snap), iterable, chunksize)
+                return call(self, func, iterable, chunksize)
+            return call(self, carry(func, snap), iterable, chunksize)
 
         return imap
 

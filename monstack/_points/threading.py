@@ -52,15 +52,15 @@ def apply_thread_start() -> None:
     _load_origin()
 
     def make(original: Callable[..., None]) -> Callable[..., None]:
-        bind = binder(original)  # called as Python would: through __get__
+        call = binder(original)  # calls it as Python would: through __get__
 
         def start(self: threading.Thread) -> None:
             try:
                 if "threading" not in ON:
-                    return bind(self, type(self))()
+                    return call(self)
                 bound = _bind_thread(self)
                 try:
-                    return bind(self, type(self))()
+                    return call(self)
                 except BaseException:
                     if bound:
                         _unbind_thread(self, bound)

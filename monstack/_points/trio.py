@@ -31,7 +31,7 @@ def apply() -> None:
     Runner = trio_run.Runner
 
     def make_spawn(original: Callable[..., Any]) -> Callable[..., Any]:
-        bind = binder(original)  # called as Python would: through __get__
+        call = binder(original)  # calls it as Python would: through __get__
 
         def spawn_impl(self: Any, async_fn: Any, args: Any, nursery: Any, *rest: Any, **kwargs: Any) -> Any:
             # Not system tasks, not the main task (its exception comes out of trio.run();
@@ -39,9 +39,9 @@ def apply() -> None:
             # context.
             if ("trio" not in ON or kwargs.get("system_task") or kwargs.get("context") is not None
                     or nursery is None or getattr(nursery, "parent_task", None) is getattr(self, "init_task", None)):
-                return bind(self, type(self))(async_fn, args, nursery, *rest, **kwargs)
+                return call(self, async_fn, args, nursery, *rest, **kwargs)
             snap = take()
-            task = bind(self, type(self))(async_fn, args, nursery, *rest, **kwargs)
+            task = call(self, async_fn, args, nursery, *rest, **kwargs)
             if snap is not None:
                 try:
                     # the task's own context (a fresh copy): its code sees the origin
@@ -54,7 +54,7 @@ def apply() -> None:
         return spawn_impl
 
     def make_exited(original: Callable[..., Any]) -> Callable[..., Any]:
-        bind = binder(original)  # called as Python would: through __get__
+        call = binder(original)  # calls it as Python would: through __get__
 
         def task_exited(self: Any, task: Any, outcome: Any, *rest: Any, **kwargs: Any) -> Any:
             if tasks:
@@ -66,7 +66,7 @@ def apply() -> None:
                             _attach_if_absent(exc, snap)
                 except Exception:
                     pass
-            return bind(self, type(self))(task, outcome, *rest, **kwargs)
+            return call(self, task, outcome, *rest, **kwargs)
 
         return task_exited
 
