@@ -34,6 +34,7 @@ PROPAGATION_POINTS: tuple[str, ...] = (
     "trio",
     "celery",
     "dask",
+    "sentry",
 )
 
 #: The variable that selects a backend (``install(backend=None)`` reads it).

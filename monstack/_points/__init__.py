@@ -50,6 +50,7 @@ class CannotEnable(RuntimeError):
 #: Third-party minimum versions (major, minor) of the engines a point patches.
 MIN_VERSIONS: dict[str, tuple[int, int]] = {
     "celery": (5, 3),
+    "sentry": (2, 0),  # sentry-sdk: the scope API and global event processors of 2.x
 }
 
 #: Each point: its parts, ``(module whose import makes it patchable, "family.function")``.
@@ -66,6 +67,8 @@ REGISTRY: dict[str, tuple[tuple[str, str], ...]] = {
     "celery": (("celery.signals", "celery.apply_signals"), ("celery.app.trace", "celery.apply_trace"),
                ("celery.result", "celery.apply_result")),
     "dask": (("distributed.client", "dask.apply"),),
+    # not a hop: events of work that has an origin carry it (a global event processor)
+    "sentry": (("sentry_sdk", "sentry.apply"),),
 }
 
 #: Not a point of its own: while installed, each greenlet gets its own shadow stack
