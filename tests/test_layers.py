@@ -19,7 +19,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("_policy", "_stack", "_colorize", "_format", "_snapshot"),  # the stack core
     ("_backend", "_cdata", "_native", "_accel", "_sysmon", "_evalframe", "_walk", "_select"),  # backends
     ("_capture", "_threads", "_origin", "_points", "_propagate", "_install"),  # install, origins, propagation
-    ("_startup", "_dump", "_dumpproto", "_dumpsig", "_dumptrust", "_dumpext", "_dumpcli", "_pytest_plugin", "_run", "logging", "_demo", "_bench", "sentry", "__main__", "__init__", "_boot"),  # faces
+    ("_startup", "_dump", "_dumpproto", "_dumpsig", "_dumptrust", "_dumpext", "_dumpcli", "_pytest_plugin", "_run", "logging", "_demo", "_bench", "sentry", "otel", "__main__", "__init__", "_boot"),  # faces
 )
 
 
