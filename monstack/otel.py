@@ -45,6 +45,8 @@ SITE = "monstack.created_at"
 STACK = "monstack.created_at.stack"
 #: Spans remembered at once (their origin, until they end): enough for any live tree.
 _REMEMBERED = 100_000
+#: Origins whose texts are kept (compared by identity: a snapshot is immutable).
+_TEXTS = 16
 
 
 class OriginSpanProcessor(SpanProcessor):  # type: ignore[misc]
@@ -54,6 +56,7 @@ class OriginSpanProcessor(SpanProcessor):  # type: ignore[misc]
     def __init__(self, *, stack: bool = True) -> None:
         self.stack = bool(stack)
         self._origins: OrderedDict[int, Any] = OrderedDict()  # span id -> the origin it started under
+        self._texts_cache: list[tuple[Any, tuple[str, str]]] = []
         self._lock = threading.Lock()
 
     def on_start(self, span: Any, parent_context: Optional[Any] = None) -> None:
@@ -68,14 +71,31 @@ class OriginSpanProcessor(SpanProcessor):  # type: ignore[misc]
                 while len(self._origins) > _REMEMBERED:
                     self._origins.popitem(last=False)
             if first and len(origin):
-                innermost = origin.records()[-1]
-                span.set_attribute(SITE, f"{os.path.basename(innermost[0])}:{innermost[1]}")
+                site, stack = self._texts(origin)
+                span.set_attribute(SITE, site)
                 if self.stack:
-                    from ._format import format_origin
-
-                    span.set_attribute(STACK, "".join(format_origin(origin, False)).rstrip("\n"))
+                    span.set_attribute(STACK, stack)
         except Exception:
             pass
+
+    def _texts(self, origin: Any) -> tuple[str, str]:
+        """(site, formatted chain) of ``origin``, kept for the last few origins: the spans
+        of many jobs submitted from one line share one."""
+        with self._lock:
+            for known, texts in self._texts_cache:
+                if known is origin:
+                    return texts
+        innermost = origin.records()[-1]
+        site = f"{os.path.basename(innermost[0])}:{innermost[1]}"
+        stack = ""
+        if self.stack:
+            from ._format import format_origin
+
+            stack = "".join(format_origin(origin, False)).rstrip("\n")
+        with self._lock:
+            self._texts_cache.insert(0, (origin, (site, stack)))
+            del self._texts_cache[_TEXTS:]
+        return site, stack
 
     def on_end(self, span: Any) -> None:
         try:
@@ -87,6 +107,7 @@ class OriginSpanProcessor(SpanProcessor):  # type: ignore[misc]
     def shutdown(self) -> None:
         with self._lock:
             self._origins.clear()
+            self._texts_cache.clear()
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         return True
