@@ -275,7 +275,10 @@ ASYNC_TARGET = """\
 @reader
 def test_asyncio_tasks_with_their_await_chains(targets, ptrace_permitted):
     target = targets.start(targets.script("tasks.py", ASYNC_TARGET), MONSTACK="1")
-    text = read_until(target.pid, "# worker: waiting", "# main: gathering", "leaf-task", "parent-task")
+    # (read until the main thread waits in the loop's select: a thread read while it runs can
+    # come out torn, and right after "ready" it still runs)
+    text = read_until(target.pid, "# worker: waiting", "# main: gathering", "leaf-task", "parent-task",
+                      "asyncio.run(main())", "select")
     assert "asyncio.run(main())" in section(text, "Main thread")  # the loop's own thread: the main one
     tasks = text[text.index("\nAsyncio tasks of the main thread"):]
     assert f"Asyncio tasks of the main thread (native id {target.pid}), 5 tasks:" in tasks
