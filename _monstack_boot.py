@@ -28,6 +28,8 @@ finders, no earlier ``monstack`` on ``sys.path``); anything else (a missing or s
 a shadowing package, an import hook, code that raises) takes the regular imports, and a
 start-up that imported something not recorded writes the file again, as the import system
 writes ``.pyc`` files (not under ``-B``/``PYTHONDONTWRITEBYTECODE``; never an error).
+``MONSTACK_STARTUP_CACHE=0`` (or false/no/off) turns it off: the file is neither read nor
+written, and the boot imports as the import system does.
 
 PYTEST_DONT_REWRITE: pytest marks this module (a top-level module of the distribution that
 provides the ``pytest11`` entry point) for assertion rewriting; under ``MONSTACK=1`` it is
@@ -43,6 +45,9 @@ route = ""
 _FORMAT = 2  # the cache file's layout (2: code compiled by _compile)
 _FUTURE = b"\nfrom __future__ import annotations\n"
 _OFF = ("", "0", "false", "no", "off")
+#: The start-up cache's off switch (``_settings.STARTUP_CACHE_ENV``; this module runs before
+#: monstack is imported, so it spells the name itself).
+_SWITCH = "MONSTACK_STARTUP_CACHE"
 
 
 def main() -> None:
@@ -62,10 +67,13 @@ def main() -> None:
 
 def _boot(os) -> None:
     global route
-    try:
-        cache = _Cache.for_this_interpreter(os)
-    except Exception:  # (an unusual import set-up): the import system alone
-        cache = None
+    if os.environ.get(_SWITCH, "").strip().lower() in _OFF[1:]:  # unset or empty: on
+        cache = None  # turned off: neither read nor written
+    else:
+        try:
+            cache = _Cache.for_this_interpreter(os)
+        except Exception:  # (an unusual import set-up): the import system alone
+            cache = None
     if cache is None:  # the cache cannot apply here: the import system alone
         route = "imports"
         import monstack._startup as startup

@@ -71,9 +71,7 @@ def _dump_signal_stop(state: object = None) -> None:
         dumpsig.stop(state)
 
 
-if _dump_signal_start not in _install._start_hooks:
-    _install._start_hooks.append(_dump_signal_start)
-    _install._stop_hooks.append(_dump_signal_stop)
+_install.add_hooks(_dump_signal_start, _dump_signal_stop)
 
 __version__ = "0.1.0"
 

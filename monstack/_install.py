@@ -17,13 +17,33 @@ from ._policy import make_policy
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Optional, Sequence
+    from typing import Any, Callable, Optional, Sequence
+
+    from ._capture import State
 
 _lock = _thread.RLock()
 _failure_reported = False
-#: Hooks run after a backend starts / before it stops (propagation, logging, ...).
+#: What :func:`add_hooks` registered: run after a backend starts / before it stops.
 _start_hooks: list = []
 _stop_hooks: list = []
+
+
+def add_hooks(start: Callable[[State], None], stop: Callable[[State], None]) -> None:
+    """Have every ``install()`` call ``start(state)`` once its backend and the propagation
+    points run, and every ``uninstall()`` call ``stop(state)`` before it undoes them (stop
+    hooks in the reverse order; one that raises is reported and the others still run; a
+    start hook that raises undoes the install). Registering the same pair again does nothing.
+
+    Who registers: the package's ``__init__``, for the dump signal (``MONSTACK_DUMP_SIGNAL``:
+    ``_dumpsig`` sits in a layer above this one, so this module cannot call it, and it loads
+    only when the variable is set). Nothing else does: the propagation points are started
+    and stopped by ``install()``/``uninstall()`` themselves.
+    """
+    with _lock:
+        if start not in _start_hooks:
+            _start_hooks.append(start)
+        if stop not in _stop_hooks:
+            _stop_hooks.append(stop)
 
 
 def install(

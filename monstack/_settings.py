@@ -45,6 +45,9 @@ ACCELERATOR_ENV = "MONSTACK_ACCELERATOR"
 COLOR_ENV = "MONSTACK_COLOR"
 #: The variable naming the signal that makes a process dump every thread's stack.
 DUMP_SIGNAL_ENV = "MONSTACK_DUMP_SIGNAL"
+#: The variable that turns the start-up cache off (read by ``_monstack_boot``, which cannot
+#: import this module first: it spells the name itself, and a test compares the two).
+STARTUP_CACHE_ENV = "MONSTACK_STARTUP_CACHE"
 
 #: ``MONSTACK`` values that turn monstack on (case-insensitive, surrounding blanks ignored).
 TRUE_VALUES: tuple[str, ...] = ("1", "true", "yes", "on")
@@ -155,6 +158,15 @@ def _parse_accelerator(text: str) -> Optional[bool]:
     raise BadValue("auto, 1/true/yes/on (require the native callbacks), 0/false/no/off")
 
 
+def _parse_switch(text: str) -> bool:
+    value = text.strip().lower()
+    if value in TRUE_VALUES:
+        return True
+    if value in FALSE_VALUES:
+        return False
+    raise BadValue("1/true/yes/on, 0/false/no/off")
+
+
 def _parse_signal(text: str) -> str:
     """A signal name (``USR1``, ``SIGUSR1``, any case) -> ``"SIGUSR1"``. Whether this
     platform has it, and whether it may be used, is decided where the handler is installed."""
@@ -257,6 +269,11 @@ SETTINGS: tuple[Setting, ...] = (
         "A signal that makes the process write every thread's stack and origin (stderr, or "
         "to python -m monstack dump).",
         "--dump-signal",
+    ),
+    Setting(
+        STARTUP_CACHE_ENV, None, _parse_switch, "1/true/yes/on, 0/false/no/off", "on",
+        "The MONSTACK=1 start-up cache (off: the boot imports monstack through the import "
+        "system, and neither reads nor writes the cache file).",
     ),
 )
 

@@ -216,3 +216,61 @@ def test_the_cache_is_not_used_when_monstack_is_already_imported(site):
             "_monstack_boot.main(); print(_monstack_boot.route, sys.modules['monstack._stack'] is m)")
     out = subprocess.run([sys.executable, "-S", "-c", code], env=e, capture_output=True, text=True, timeout=120)
     assert (out.stdout.split(), out.stderr) == (["imports", "True"], "")
+
+
+def boot_watched(site: Path, **env: str) -> tuple[str, list[str]]:
+    """A boot as in ``boot()``, with an audit hook that sees every file opened from its
+    first line: (the route it took, the opened paths that are the cache file or its
+    temporary copy)."""
+    e = {k: v for k, v in os.environ.items() if not k.startswith(("MONSTACK", "PYTHON"))}
+    e.update(MONSTACK="1", PYTHONPATH=str(site), **env)
+    code = ("import sys\nopened = []\n"
+            "sys.addaudithook(lambda event, args: event == 'open' and opened.append(str(args[0])))\n"
+            "import _monstack_boot; _monstack_boot.main()\n"
+            "print(_monstack_boot.route); print([p for p in opened if '_monstack_boot.' in p and '.modules' in p])\n")
+    out = subprocess.run([sys.executable, "-S", "-c", code], env=e, cwd=site.parent, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0 and out.stderr == "", out.stderr
+    route, opened = out.stdout.splitlines()
+    return route, eval(opened)
+
+
+@pytest.mark.parametrize("off", ["0", "false", "no", " OFF "])
+def test_the_switch_off_neither_reads_nor_writes_the_cache(site, off):
+    route, opened = boot_watched(site, MONSTACK_STARTUP_CACHE=off)
+    assert (route, opened) == ("imports", []) and not cache_file(site).exists()  # not written
+    route, opened = boot_watched(site)  # on (unset): written
+    assert route == "imports" and opened and cache_file(site).is_file()
+    assert boot_watched(site)[0] == "cache"  # and read
+    recorded = cache_file(site).read_bytes()
+    mtime = cache_file(site).stat().st_mtime_ns
+    route, opened = boot_watched(site, MONSTACK_STARTUP_CACHE=off)
+    assert (route, opened) == ("imports", [])  # a valid cache there, not even opened
+    assert cache_file(site).read_bytes() == recorded and cache_file(site).stat().st_mtime_ns == mtime
+
+
+@pytest.mark.parametrize("on", ["1", "on", ""])
+def test_the_switch_on_uses_the_cache(site, on):
+    boot(site)
+    assert boot(site, MONSTACK_STARTUP_CACHE=on)["route"] == "cache"
+
+
+def test_a_bad_switch_value_is_one_warning_and_the_cache_stays_on(site):
+    boot(site)
+    e = {k: v for k, v in os.environ.items() if not k.startswith(("MONSTACK", "PYTHON"))}
+    e.update(MONSTACK="1", PYTHONPATH=str(site), MONSTACK_STARTUP_CACHE="maybe")
+    code = "import _monstack_boot; _monstack_boot.main(); print(_monstack_boot.route)"
+    out = subprocess.run([sys.executable, "-S", "-c", code], env=e, cwd=site.parent, capture_output=True, text=True,
+                         timeout=120)
+    assert out.stdout == "cache\n"
+    assert out.stderr == ("MonstackWarning: MONSTACK_STARTUP_CACHE='maybe' is not valid (valid values: "
+                          "1/true/yes/on, 0/false/no/off); using the default (on)\n")
+
+
+def test_the_boot_spells_the_switch_as_the_settings_do():
+    import _monstack_boot
+
+    from monstack import _settings
+
+    assert _monstack_boot._SWITCH == _settings.STARTUP_CACHE_ENV
+    assert _settings.STARTUP_CACHE_ENV in [s.var for s in _settings.SETTINGS]

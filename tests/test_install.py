@@ -325,3 +325,44 @@ def test_accelerator_with_the_walk_backend_is_refused_naming_the_conflict(monkey
         monstack.install(accelerator=True)
     assert monstack.active_backend() is None  # refused before touching anything
     assert monstack.install(backend="walk", accelerator=False) == "walk"  # no native code asked for: fine
+
+
+def test_hooks_are_registered_through_add_hooks_and_run_around_each_install(monkeypatch):
+    """The package registers the dump signal's hooks once, through ``_install.add_hooks``;
+    a registered pair runs after each install() (with the running state) and before each
+    uninstall() stops the backend, in reverse order, and registering it again adds nothing."""
+    from monstack import _capture, _install
+
+    assert _install._start_hooks.count(monstack._dump_signal_start) == 1
+    assert _install._stop_hooks.count(monstack._dump_signal_stop) == 1
+    package = os.path.dirname(_install.__file__)
+    for root, _dirs, names in os.walk(package):
+        for name in names:
+            path = os.path.join(root, name)
+            if name.endswith(".py") and path != _install.__file__:
+                with open(path, encoding="utf-8") as f:
+                    source = f.read()
+                assert "_start_hooks" not in source and "_stop_hooks" not in source, path  # add_hooks() only
+    monkeypatch.setattr(_install, "_start_hooks", list(_install._start_hooks))
+    monkeypatch.setattr(_install, "_stop_hooks", list(_install._stop_hooks))
+    seen = []
+
+    def pair(tag):
+        def start(state):  # the running install, its propagation points already on
+            seen.append(("start", tag, state is _capture.running(), monstack.status()["propagation"] != []))
+            states.append(state)
+
+        def stop(state):  # the install being undone
+            seen.append(("stop", tag, state is states[0]))
+
+        return start, stop
+
+    states: list = []
+
+    first, second = pair(1), pair(2)
+    _install.add_hooks(*first)
+    _install.add_hooks(*second)
+    _install.add_hooks(*first)  # again: nothing added
+    monstack.install()
+    monstack.uninstall()
+    assert seen == [("start", 1, True, True), ("start", 2, True, True), ("stop", 2, True), ("stop", 1, True)]

@@ -67,6 +67,7 @@ def test_every_setting_parses_good_values_into_install_options():
         ("MONSTACK_CHAIN_LIMIT", "many", "a whole number >= 1"),
         ("MONSTACK_PROPAGATE", "threading,telepathy", "threading, thread_pool"),
         ("MONSTACK_COLOR", "sometimes", "auto, always"),
+        ("MONSTACK_STARTUP_CACHE", "maybe", "1/true/yes/on, 0/false/no/off"),
     ],
 )
 def test_bad_value_is_one_problem_naming_variable_and_valid_values(var, value, valid):
