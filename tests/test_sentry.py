@@ -170,3 +170,17 @@ def test_the_point_is_off_when_not_asked_for(tmp_path):
     assert out.returncode == 0, out.stderr
     [event] = json.loads(out.stdout)
     assert origin_threads(event) == [] and "monstack.created_at" not in (event.get("tags") or {})
+
+
+def test_sentrys_own_normaliser_keeps_the_origin():
+    """Relay's StoreNormalizer (what Sentry's ingestion runs) accepts the threads entry and
+    the tag as sent: nothing dropped, no errors recorded."""
+    relay = integration_module("sentry_relay")
+    [event] = run("sentry-first")["job"]
+    normal = relay.StoreNormalizer(project_id=1).normalize_event(event)
+    assert not normal.get("errors"), normal.get("errors")
+    assert "threads" not in (normal.get("_meta") or {}), normal["_meta"]
+    [entry] = origin_threads(normal)
+    assert entry["name"] == "monstack: work created at"
+    assert entry["stacktrace"]["frames"][-1]["lineno"] == _lineno(LINES["job"])
+    assert ["monstack.created_at", f"sentry_app.py:{_lineno(LINES['job'])}"] in normal["tags"]
