@@ -304,7 +304,7 @@ def test_asyncio_tasks_with_their_await_chains(targets, ptrace_permitted):
 def test_a_loop_in_another_thread(targets, ptrace_permitted):
     """tests/programs/hang_asyncio.py: the loop runs in a thread, the main thread waits.
     3.15's reader lists that thread's tasks; 3.14's lists the main thread's only
-    (python/cpython#149230), and the report says so."""
+    (gh-149230), and the report says so."""
     target = targets.start(str(PROGRAMS / "hang_asyncio.py"), "wait", MONSTACK="1",
                            PYTHONPATH=os.pathsep.join([str(PROGRAMS), str(REPO)]))
     text = read_until(target.pid, "# MAIN-WAITS", "EpollSelector.select", "forever")

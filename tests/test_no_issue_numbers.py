@@ -25,7 +25,6 @@ PATTERNS = (
 PENDING = {
     "tests/test_origin.py",
     "tests/test_propagate.py",
-    "tests/test_uvloop.py",
 }
 
 

@@ -1,4 +1,4 @@
-"""uvloop (issue 24): its loop is compiled, but ``uvloop.Loop`` is a Python subclass, so
+"""uvloop: its loop is compiled, but ``uvloop.Loop`` is a Python subclass, so
 ``create_task`` and ``run_in_executor`` are patched there. Needs the ``integration`` extra."""
 
 from __future__ import annotations
