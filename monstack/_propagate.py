@@ -42,6 +42,10 @@
   travels back with the exception; the client attaches it again to exceptions that
   arrive without it (a dead worker's ``KilledWorker``, errors Dask replaced). Patched
   only once the program imports ``distributed``; the code is in ``_points.dask``.
+- ``"rq"``: RQ's ``Job.create`` (every enqueue) puts the creating line in the job's
+  ``meta``; ``Job.perform`` runs the job under it on any worker, and the stored
+  traceback carries it. Patched only once the program imports ``rq.job``; the code is
+  in ``_points.rq``.
 - ``"trio"``: tasks started with ``nursery.start_soon``/``nursery.start`` (trio's
   ``Runner.spawn_impl``: the task's own context gets the origin; the exception it exits
   with gets it attached) and ``trio.to_thread.run_sync``. Patched only once the program

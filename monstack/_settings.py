@@ -34,6 +34,7 @@ PROPAGATION_POINTS: tuple[str, ...] = (
     "trio",
     "celery",
     "dask",
+    "rq",
     "sentry",
 )
 

@@ -824,6 +824,13 @@ def _targets() -> dict[str, list[tuple[Any, str]]]:
     else:
         dask_targets = [(distributed.client.Client, a) for a in ("submit", "map", "_release_key")]
         dask_targets.append((distributed.client.FutureState, "set_error"))
+    rq_targets: list[tuple[Any, str]] = []
+    try:  # the rq point's targets, where rq is installed (tests/test_rq.py uses it)
+        import rq.job
+    except ImportError:
+        pass
+    else:
+        rq_targets = [(rq.job.Job, "create"), (rq.job.Job, "perform")]
     return {
         "threading": [(threading.Thread, "start")],
         "start_new_thread": [(_thread, "start_new_thread"), (_thread, "start_new")],
@@ -841,6 +848,7 @@ def _targets() -> dict[str, list[tuple[Any, str]]]:
         "trio": trio_targets,
         "celery": celery_targets,
         "dask": dask_targets,
+        "rq": rq_targets,
         "sentry": [],  # patches nothing: a global event processor (tests/test_sentry.py)
     }
 

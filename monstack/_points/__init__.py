@@ -1,7 +1,7 @@
 """The propagation points: one contract, the registry, and the state the points share.
 
 The families (one module each: ``threading``, ``futures``, ``asyncio``,
-``multiprocessing``, ``trio``, ``celery``, ``dask``, ``greenlet``) hold the points' code;
+``multiprocessing``, ``trio``, ``celery``, ``dask``, ``rq``, ``greenlet``) hold the points' code;
 ``monstack._propagate`` (the switch, above) turns them on and off. This module sits below
 both: each family imports what it shares from here, never the switch.
 
@@ -50,6 +50,7 @@ class CannotEnable(RuntimeError):
 #: Third-party minimum versions (major, minor) of the engines a point patches.
 MIN_VERSIONS: dict[str, tuple[int, int]] = {
     "celery": (5, 3),
+    "rq": (2, 0),
     "sentry": (2, 0),  # sentry-sdk: the scope API and global event processors of 2.x
 }
 
@@ -67,6 +68,7 @@ REGISTRY: dict[str, tuple[tuple[str, str], ...]] = {
     "celery": (("celery.signals", "celery.apply_signals"), ("celery.app.trace", "celery.apply_trace"),
                ("celery.result", "celery.apply_result")),
     "dask": (("distributed.client", "dask.apply"),),
+    "rq": (("rq.job", "rq.apply"),),
     # not a hop: events of work that has an origin carry it (a global event processor)
     "sentry": (("sentry_sdk", "sentry.apply"),),
 }
