@@ -32,6 +32,8 @@ import monstack
 from monstack import _propagate
 from monstack._errors import MonstackWarning
 
+if sys.platform == "win32":  # (the engines extra leaves rq out there: its workers fork)
+    pytest.skip("rq's workers need fork(): not on Windows", allow_module_level=True)
 rq = engine_module("rq")
 from rq import Queue, SimpleWorker  # noqa: E402
 from rq.job import Job  # noqa: E402
