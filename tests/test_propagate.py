@@ -827,10 +827,11 @@ def _targets() -> dict[str, list[tuple[Any, str]]]:
     rq_targets: list[tuple[Any, str]] = []
     try:  # the rq point's targets, where rq is installed (tests/test_rq.py uses it)
         import rq.job
+        import rq.worker
     except ImportError:
         pass
     else:
-        rq_targets = [(rq.job.Job, "create"), (rq.job.Job, "perform")]
+        rq_targets = [(rq.job.Job, "create"), (rq.job.Job, "perform"), (rq.worker.Worker, "fork_work_horse")]
     return {
         "threading": [(threading.Thread, "start")],
         "start_new_thread": [(_thread, "start_new_thread"), (_thread, "start_new")],

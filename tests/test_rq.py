@@ -283,6 +283,13 @@ def test_a_failing_jobs_stored_traceback_shows_the_enqueue_line(conn, redis_url,
         assert where_in(log, "enqueue") in log
 
 
+def test_a_synchronous_queue(conn, installed):
+    q = Queue(f"t-{uuid.uuid4().hex[:12]}", connection=conn, is_async=False)
+    job = q.enqueue(rq_jobs.boom, "sync")  # @sync
+    assert_enqueued_at(exc_string_of(job), "sync")
+    assert q.enqueue(rq_jobs.where).return_value() == [[THIS, line_of("sync-where")]]  # @sync-where
+
+
 @pytest.mark.parametrize("kind", ["fork", "simple"])
 def test_enqueue_many(conn, redis_url, installed, kind):
     q = queue(conn)
@@ -372,11 +379,29 @@ def test_an_unsupported_rq_is_reported_and_left_alone(conn, monkeypatch):
     with pytest.warns(MonstackWarning, match="could not patch propagation point 'rq'"):
         monstack.install()
     assert "needs rq >= 99.0" in _propagate.FAILED["rq"]
-    assert Job.__dict__["create"] is not None and not [a for o, a, _ in _propagate.patched() if o is Job]
+    assert not [a for o, a, _ in _propagate.patched() if str(getattr(o, "__module__", "")).startswith("rq")]
     q = queue(conn)
     job = q.enqueue(rq_jobs.boom, "old")
     work("simple", q, "")
     assert _rq.META_KEY not in job.meta and "Work created at" not in exc_string_of(job)
+
+
+def test_the_forking_worker_decodes_before_the_fork(conn, installed):
+    """The horse finds the snapshot decoded by the worker (Worker.fork_work_horse): the
+    origin it runs under is the very object the worker holds (same address after fork)."""
+    from monstack._points import celery as _wire
+
+    class QuietWorker(rq.worker.Worker):  # (no pubsub thread: see _SimpleWorker)
+        def subscribe(self) -> None:
+            pass
+
+    q = queue(conn)
+    job = q.enqueue(rq_jobs.origin_id)  # @pre-fork
+    _wire._RECEIVED.clear()
+    QuietWorker([q], connection=conn).work(burst=True, logging_level="WARNING")  # forks this process
+    held = _wire._RECEIVED[job.meta[_rq.META_KEY]["key"]]
+    assert held.records()[-1][:2] == (THIS_FILE, line_of("pre-fork"))
+    assert job.latest_result().return_value == id(held)
 
 
 def test_the_oldest_supported_version_is_what_is_installed_or_newer():

@@ -68,7 +68,7 @@ REGISTRY: dict[str, tuple[tuple[str, str], ...]] = {
     "celery": (("celery.signals", "celery.apply_signals"), ("celery.app.trace", "celery.apply_trace"),
                ("celery.result", "celery.apply_result")),
     "dask": (("distributed.client", "dask.apply"),),
-    "rq": (("rq.job", "rq.apply"),),
+    "rq": (("rq.job", "rq.apply"), ("rq.worker", "rq.apply_worker")),
     # not a hop: events of work that has an origin carry it (a global event processor)
     "sentry": (("sentry_sdk", "sentry.apply"),),
 }

@@ -34,6 +34,10 @@ def where(*_: Any) -> list:
     return describe(monstack.current_origin())
 
 
+def origin_id() -> int:
+    return id(monstack.current_origin())
+
+
 def spawn(queue_name: str) -> str:
     """A job that enqueues a failing job (the inner job chains this one's origin)."""
     job = get_current_job()
