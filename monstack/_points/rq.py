@@ -1,8 +1,9 @@
 """The ``rq`` propagation point: an RQ job shows the line that enqueued it.
 
 Applied when the program imports ``rq.job`` (never imported here: monstack has no
-dependencies; RQ's modules are taken from ``sys.modules``). Two patches, both on
-``rq.job.Job``, so custom ``job_class``es that inherit them are covered:
+dependencies; RQ's modules are taken from ``sys.modules``). Two patches on
+``rq.job.Job`` (custom ``job_class``es that inherit them or call them are covered), and
+one on the forking ``Worker`` (below):
 
 - ``Job.create`` (a classmethod): the one path ``Queue.enqueue``, ``enqueue_call``,
   ``enqueue_many`` (``prepare_data``), ``enqueue_at``/``enqueue_in`` and
