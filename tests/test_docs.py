@@ -132,3 +132,10 @@ def test_the_propagate_variable_lists_every_propagation_point():
     [setting] = [s for s in _settings.SETTINGS if s.var == "MONSTACK_PROPAGATE"]
     for name in monstack.PROPAGATION_POINTS:  # what `run --help` says
         assert re.search(rf"\b{name}\b", setting.doc), name
+
+
+def test_the_readme_stays_short():
+    """The README is for users (what, install, use, cost at a glance): at most 450 lines; a
+    feature gets a short section there and its reference in docs/."""
+    lines = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= 450, f"README.md has {len(lines)} lines: move reference material to docs/"
