@@ -134,9 +134,6 @@ def __getattr__(name: str) -> object:
 #: JIT code: the native callbacks are tested with it on.
 JIT_ENABLED: bool = bool(getattr(getattr(sys, "_jit", None), "is_enabled", lambda: False)())
 
-#: The oldest Celery the ``celery`` propagation point patches (5.3: a retry keeps the
-#: task's custom headers, celery#7523); an older one is reported as failed to patch.
-CELERY_MIN_VERSION: tuple[int, int] = (5, 3)
 
 #: The first CPython that another process can debug from outside (PEP 768): it runs a
 #: script sent with ``sys.remote_exec`` (gh-131591), and its ``_remote_debugging`` module

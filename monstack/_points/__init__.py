@@ -49,7 +49,7 @@ class CannotEnable(RuntimeError):
 
 #: Third-party minimum versions (major, minor) of the engines a point patches.
 MIN_VERSIONS: dict[str, tuple[int, int]] = {
-    "celery": (5, 3),
+    "celery": (5, 3),  # a retry keeps the task's custom headers (celery#7523)
     "rq": (2, 0),
     "sentry": (2, 0),  # sentry-sdk: the scope API and global event processors of 2.x
 }
