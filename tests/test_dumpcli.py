@@ -539,14 +539,18 @@ def test_root_dumps_another_users_process_through_its_private_directory(targets)
 
 def _namespaced_target(targets: Targets, *unshare: str, mode: str = "sleep",
                        dump_signal: bool = True) -> tuple[subprocess.Popen, int]:
-    """``dump_target.py`` under ``unshare`` with a private /tmp (and a /proc of its own for a
-    pid namespace); (the unshare process, the target's pid as seen from here)."""
+    """``dump_target.py`` under ``unshare`` with a private exchange directory (and a /proc of
+    its own for a pid namespace); (the unshare process, the target's pid as seen from here)."""
     need_root()
     if shutil.which("unshare") is None:
         if CI:
             pytest.fail("unshare (util-linux) is missing: CI requires it", pytrace=False)
         pytest.skip("unshare (util-linux) is missing")
-    mounts = "mount -t tmpfs tmpfs /tmp"
+    # Its own exchange directory: a fresh tmpfs over the path both sides compute (hiding all
+    # of /tmp would hide a checkout or venv that lives there).
+    private = _dumpproto.dir_path(os.geteuid())
+    os.close(_dumpproto.open_private_dir(os.geteuid(), create=True))
+    mounts = f"mount -t tmpfs -o mode=0700 tmpfs {private}"
     if "--pid" in unshare:
         mounts += " && mount -t proc proc /proc"
     script = f'{mounts} && exec "$0" "$@"'
