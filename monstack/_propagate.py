@@ -89,13 +89,18 @@ def check_points(value: Any) -> frozenset:
     if value is False or value is None:
         return frozenset()
     if isinstance(value, str):
+        if value == "all":  # as MONSTACK_PROPAGATE=all says
+            return frozenset(PROPAGATION_POINTS)
+        if value == "none":
+            return frozenset()
         names = frozenset([value])
     else:
         try:
             names = frozenset(value)
         except TypeError:
             raise ValueError(
-                f"propagate must be True, False or names from {list(PROPAGATION_POINTS)}, got {value!r}"
+                f"propagate must be True, False, \"all\", \"none\" or names from {list(PROPAGATION_POINTS)}, "
+                f"got {value!r}"
             ) from None
     bad = sorted(str(n) for n in names if n not in PROPAGATION_POINTS)
     if bad:

@@ -408,6 +408,17 @@ def test_status_names_the_points_and_the_modules_still_to_patch(installed):
     assert monstack.status()["propagation"] == []
 
 
+def test_propagate_takes_all_and_none_as_the_variable_does(installed):
+    monstack.install(propagate="all")
+    assert monstack.status()["propagation"] == list(monstack.PROPAGATION_POINTS)
+    monstack.install(propagate="none")
+    assert monstack.status()["propagation"] == []
+    monstack.install(propagate="threading")
+    assert monstack.status()["propagation"] == ["threading"]
+    with pytest.raises(ValueError, match="unknown propagation point"):
+        monstack.install(propagate="everything")
+
+
 def test_failed_process_start_leaves_the_process_as_it_was(installed):
     ctx = multiprocessing.get_context("spawn")
 
