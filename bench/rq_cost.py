@@ -14,7 +14,7 @@ the point's own work costs::
 WORKER is ``fork`` (RQ's default ``Worker``: a work horse forked per job) or ``simple``
 (``SimpleWorker``: the job runs in the worker's process, the cheapest round trip RQ has,
 so the point's share is the largest). Needs rq (pip install -e '.[engines]') and
-redis-server. Target (issue 39): the "with" median at most 5% above the "without" one.
+redis-server. Target: the "with" median at most 5% above the "without" one.
 """
 
 from __future__ import annotations

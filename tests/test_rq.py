@@ -1,4 +1,4 @@
-"""The ``rq`` propagation point (issue 39): an RQ job carries the line that enqueued it in
+"""The ``rq`` propagation point: an RQ job carries the line that enqueued it in
 its ``meta``, runs under it on the worker, and its stored traceback shows it.
 
 Every test here is marked ``integration``: it starts Debian's ``redis-server`` on a free
