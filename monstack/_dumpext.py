@@ -14,7 +14,8 @@ for thread names, states and the target's view of its files (``/proc``).
 This module is self-contained: stdlib imports only, no ``monstack`` import, nothing that
 needs ``__file__``, so that its source runs as ``python -I -S -c SOURCE PID`` in another
 interpreter. It never executes anything of the target's: source lines are read from the
-files the frames name, by path, regular files only, with bounded sizes. Everything taken
+files the frames name, by path, regular files only, with bounded sizes (and, read as the
+target's user, bounded time: that user can stop the reading child). Everything taken
 from the target (thread, task, file and function names, source lines) has its C0/C1
 control characters, DEL and lone surrogates escaped. The reader's output is bounded
 (threads, frames, tasks, name lengths, report size) so that a hostile target cannot make
@@ -47,6 +48,10 @@ MAX_NAME = 300
 #: Size of a source file read for its lines, and of all of them together.
 MAX_SOURCE_FILE = 4 * 1024 * 1024
 MAX_SOURCE_TOTAL = 32 * 1024 * 1024
+#: Seconds a source file read as the target's user (root reading another user's process)
+#: may take, and all of them together: that user can stop the reading child (SIGSTOP).
+SOURCE_FILE_SECONDS = 2.0
+SOURCE_TOTAL_SECONDS = 5.0
 #: Size cap of the report, in bytes (UTF-8), as the usual report's default.
 LIMIT_BYTES = 1_000_000
 #: Reads retried when the target's memory changed under the reader.
@@ -200,6 +205,8 @@ class _Sources:
         self.creds = _credentials(pid) if hasattr(os, "geteuid") and os.geteuid() == 0 else None
         if self.creds is not None and self.creds[0] == 0:
             self.creds = None
+        self.deadline = time.monotonic() + SOURCE_TOTAL_SECONDS
+        self.timed_out = 0  # files whose reading child was killed (or never started) for time
 
     def line(self, filename: str, lineno: Optional[int]) -> str:
         if not isinstance(filename, str) or not isinstance(lineno, int) or lineno < 1:
@@ -226,13 +233,30 @@ class _Sources:
         return None  # relative to a working directory we cannot see
 
     def _load_as(self, filename: str) -> Optional[list[str]]:
-        """:meth:`_load` in a child process with the target's uid, gid and groups."""
+        """:meth:`_load` in a child process with the target's uid, gid and groups, within
+        :data:`SOURCE_FILE_SECONDS` and what is left of :data:`SOURCE_TOTAL_SECONDS`: that
+        user may signal the child (stop it), so past its time it is killed and reaped, and
+        the file shows no lines."""
         import marshal
+        import select
+        import signal
 
         assert self.creds is not None
+        if self._path(filename) is None or self.budget <= 0:
+            return None
+        now = time.monotonic()
+        if now >= self.deadline:
+            self.timed_out += 1
+            return None
+        deadline = min(now + SOURCE_FILE_SECONDS, self.deadline)
         uid, gid, groups = self.creds
         rfd, wfd = os.pipe()
-        child = os.fork()
+        try:
+            child = os.fork()
+        except BaseException:
+            os.close(rfd)
+            os.close(wfd)
+            raise
         if child == 0:  # pragma: no cover (the child's work is checked by its result)
             try:
                 os.close(rfd)
@@ -248,17 +272,37 @@ class _Sources:
         os.close(wfd)
         chunks = []
         size = 0
+        done = False
         try:
+            poller = select.poll()
+            poller.register(rfd, select.POLLIN)
             while size <= 4 * MAX_SOURCE_FILE + 1024:
+                left = deadline - time.monotonic()
+                if left <= 0 or not poller.poll(max(1, int(left * 1000 + 0.999))):
+                    if time.monotonic() >= deadline:
+                        break  # out of time: the child is killed below
+                    continue
                 chunk = os.read(rfd, 65536)
                 if not chunk:
+                    done = True
                     break
                 chunks.append(chunk)
                 size += len(chunk)
         finally:
             os.close(rfd)
+            # At EOF the child has exited (its end of the pipe closes then); otherwise it is
+            # stopped, slow or sending too much. SIGKILL ends even a stopped process, and the
+            # wait reaps it: no zombie is left.
+            try:
+                os.kill(child, signal.SIGKILL)
+            except OSError:
+                pass
             os.waitpid(child, 0)
-        if size > 4 * MAX_SOURCE_FILE + 1024 or not chunks:
+        if not done:
+            if size <= 4 * MAX_SOURCE_FILE + 1024:
+                self.timed_out += 1
+            return None
+        if not chunks:
             return None
         lines = marshal.loads(b"".join(chunks))
         if not isinstance(lines, list) or not all(isinstance(x, str) for x in lines):
@@ -854,6 +898,11 @@ def report(pid: int, *, color: bool = False) -> str:
                 add(kind, lines)
         except Exception as exc:
             add("tasks", ["\n", _note(f"(asyncio tasks could not be reported: {escape(exc)})", color)])
+    if sources.timed_out and sources.creds is not None:
+        parts.append("\n" + _note(
+            f"(No source lines for {sources.timed_out} file(s): reading them as the process's user (uid "
+            f"{sources.creds[0]}) took longer than allowed ({SOURCE_FILE_SECONDS:g} s a file, "
+            f"{SOURCE_TOTAL_SECONDS:g} s in all).)", color))
     if sys.version_info < (3, 15) and "\\x00" in "".join(parts[1:]):
         parts.append("\n" + _note("(CPython 3.14's reader misreads some names that are not ASCII (task names, "
                                   "file names outside Latin-1): they show as \\x00 sequences.)", color))

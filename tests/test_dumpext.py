@@ -476,6 +476,94 @@ def test_root_reads_another_users_sources_only_as_that_user_could(targets, ptrac
         shutil.rmtree(base, ignore_errors=True)
 
 
+STOPPER = """\
+import os, signal, sys, time
+parent, spare = int(sys.argv[1]), {int(a) for a in sys.argv[2:]} | {os.getpid()}
+print("ready", flush=True)
+while True:  # SIGSTOP every child of the reading process but the spared ones (as nobody: ours only)
+    try:
+        tids = os.listdir(f"/proc/{parent}/task")
+    except OSError:
+        break
+    for tid in tids:
+        try:
+            with open(f"/proc/{parent}/task/{tid}/children") as f:
+                pids = [int(p) for p in f.read().split()]
+        except OSError:
+            continue
+        for pid in pids:
+            if pid not in spare:
+                try:
+                    os.kill(pid, signal.SIGSTOP)
+                except OSError:
+                    pass
+    time.sleep(0.0002)
+"""
+
+
+def _children() -> "dict[int, str]":
+    """This process's children: pid -> state letter (Z: a zombie)."""
+    found = {}
+    for tid in os.listdir("/proc/self/task"):
+        with open(f"/proc/self/task/{tid}/children") as f:
+            for pid in map(int, f.read().split()):
+                with open(f"/proc/{pid}/stat", "rb") as st:
+                    found[pid] = st.read().rsplit(b")", 1)[1].split()[0].decode()
+    return found
+
+
+@reader
+def test_a_stopped_source_reader_is_killed_in_time(targets, ptrace_permitted):
+    """Root reads a nobody process's source files in children running as nobody, whom
+    nobody may stop (SIGSTOP): the report still comes, within the sources' time budget,
+    without that file's lines, and the stopped child is killed and reaped."""
+    import signal
+    import tempfile
+
+    _need_root()
+    python = _python_for(NOBODY)
+    base = Path(tempfile.mkdtemp(prefix="monstack-src-", dir="/opt"))
+    try:
+        os.chmod(base, 0o755)
+        big = base / "big.py"  # a few MB, so that the reading child lives long enough to be caught
+        big.write_text("import time\nprint('ready', flush=True)\ntime.sleep(3600)  # STOPPED-LINE\n"
+                       + "# padding padding padding padding padding padding padding padding\n" * 50_000)
+        os.chmod(big, 0o644)
+        target = targets.start("-I", str(big), python=python, uid=NOBODY)
+        assert "time.sleep(3600)  # STOPPED-LINE" in read_until(target.pid, "STOPPED-LINE")
+        stopper = targets.start("-I", "-S", "-c", STOPPER, str(os.getpid()), str(target.pid),
+                                python=python, uid=NOBODY)
+        spared = {target.pid, stopper.pid}
+
+        def rescue(signum, frame):  # without a deadline the report would wait forever
+            for pid in _children():
+                if pid not in spared:
+                    os.kill(pid, signal.SIGKILL)
+
+        previous = signal.signal(signal.SIGALRM, rescue)
+        signal.setitimer(signal.ITIMER_REAL, 15)
+        try:
+            for _ in range(20):  # until the stopper catches a reading child
+                started = time.monotonic()
+                text = _dumpext.report(target.pid)
+                took = time.monotonic() - started
+                if "STOPPED-LINE" not in text:
+                    break
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+            stopper.kill()
+            stopper.wait()
+        assert took < 6, took  # a stopped child is killed after 2 s (SOURCE_FILE_SECONDS)
+        assert "STOPPED-LINE" not in text, "the stopper never caught a reading child"
+        assert f'File "{big}", line 3, in <module>\n' in text
+        assert "(No source lines for 1 file(s): reading them as the process's user (uid 65534) took longer" in text
+        assert _children() == {target.pid: "S"} or set(_children()) == {target.pid}  # no zombie, none left
+        assert target.poll() is None
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
 # -- hostile targets ---------------------------------------------------------------------------
 
 
