@@ -4,7 +4,9 @@
 (``/proc/PID/exe``) with ``-I -S``. Run by root against another user's process, that is
 running a program the other user may control: a binary they replaced (the link then reads
 ``... (deleted)``), one in a directory they can write, or an interpreter whose standard
-library (``encodings`` is imported even under ``-I -S``), ``pythonXY.zip``, ``libpython``,
+library (``encodings`` is imported even under ``-I -S``, and the reader's source imports
+``re``, ``tokenize``, ``linecache``...: the whole of it is checked, but ``site-packages``
+and ``dist-packages``, which ``-S`` never imports), ``pythonXY.zip``, ``libpython``,
 ``pyvenv.cfg`` or ``._pth`` file they can change. :func:`check` refuses all of these.
 
 The rule, as OpenSSH's ``safe_path``: every file and directory the interpreter reads at
@@ -19,6 +21,14 @@ from __future__ import annotations
 import os
 import stat
 from typing import Iterable, Optional
+
+
+#: Files and directories of one standard library checked at most: a larger tree is refused
+#: rather than walked without end (CPython's, tests and caches included, has under 10,000).
+MAX_TREE_ENTRIES = 50_000
+
+#: Where ``-S`` never imports from: not checked.
+_NOT_IMPORTED = frozenset({"site-packages", "dist-packages"})
 
 
 class Untrusted(Exception):
@@ -101,6 +111,48 @@ def _check_tree_level(directory: str, trusted: frozenset[int], names: Optional[I
         raise Untrusted(f"cannot list {directory}: {exc.strerror}") from None
     for name in entries:
         _check_entry(os.path.join(directory, name), trusted, must_exist=False)
+
+
+def _check_tree(directory: str, trusted: frozenset[int], skip: frozenset[str] = frozenset(),
+                limit: int = MAX_TREE_ENTRIES) -> None:
+    """``directory`` and every file and directory below it, but the ``skip`` names directly
+    in it; a link is checked as :func:`_check_entry` does (its owner, the directories to its
+    target, the target), and a link to a directory is walked too (each directory once). More
+    than ``limit`` entries: refused."""
+    if not _check_entry(directory, trusted, must_exist=False):
+        return
+    seen: set[tuple[int, int]] = set()
+    count = 0
+    pending = [directory]
+    while pending:
+        current = pending.pop()
+        try:
+            st = os.stat(current)
+        except OSError as exc:
+            raise Untrusted(f"cannot inspect {current}: {exc.strerror}") from None
+        if (st.st_dev, st.st_ino) in seen:
+            continue
+        seen.add((st.st_dev, st.st_ino))
+        try:
+            with os.scandir(current) as it:
+                entries = [(e.name, e.path, e.is_symlink(), e.is_dir(follow_symlinks=False)) for e in it]
+        except OSError as exc:
+            raise Untrusted(f"cannot list {current}: {exc.strerror}") from None
+        for name, path, is_link, is_dir in entries:
+            if current == directory and name in skip:
+                continue
+            count += 1
+            if count > limit:
+                raise Untrusted(f"{directory} holds more than {limit} files and directories: too many to check")
+            if not _check_entry(path, trusted, must_exist=False):
+                continue  # gone, or a dangling link below trusted directories
+            if is_link:
+                try:
+                    is_dir = stat.S_ISDIR(os.stat(path).st_mode)
+                except OSError:
+                    continue
+            if is_dir:
+                pending.append(path)
 
 
 def _pyvenv_home(cfg: str) -> Optional[str]:
@@ -231,9 +283,8 @@ def check(exe: str, pid: int, trusted_uids: Iterable[int]) -> None:
         # lib/: the pythonXY.zip on sys.path, libpython (RUNPATH $ORIGIN/../lib) and its ._pth
         _check_tree_level(lib, trusted, [n for n in _listdir(lib) if n.startswith(("python3", "libpython3"))])
         for stdlib in _stdlib_dirs(lib):
-            _check_tree_level(stdlib, trusted)  # top-level modules and the directories in it
-            for sub in ("__pycache__", "encodings", os.path.join("encodings", "__pycache__"), "lib-dynload"):
-                _check_tree_level(os.path.join(stdlib, sub), trusted)
+            # all of it: packages (re, importlib, encodings...), caches, lib-dynload
+            _check_tree(stdlib, trusted, _NOT_IMPORTED)
 
 
 def _listdir(path: str) -> list[str]:

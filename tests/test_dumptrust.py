@@ -57,9 +57,10 @@ def _other_version() -> tuple[str, str]:
 
 class Layout:
     """``<base>/bin/pythonX.Y`` (a copy) and ``<base>/lib/pythonX.Y`` (a link to the real
-    standard library, or a tree of links with a copied ``encodings``)."""
+    standard library, or a tree of links with a copied ``encodings`` or the packages named in
+    ``copy``)."""
 
-    def __init__(self, *, copy_encodings: bool = False) -> None:
+    def __init__(self, *, copy_encodings: bool = False, copy: "tuple[str, ...]" = ()) -> None:
         _need(os.geteuid() == 0, "changing owners needs root")
         binary, self.version = _other_version()
         self.base = Path(tempfile.mkdtemp(prefix="monstack-trust-", dir="/opt"))
@@ -72,10 +73,11 @@ class Layout:
                                      capture_output=True, text=True, check=True).stdout.strip()
         real_stdlib = Path(real_prefix) / "lib" / f"python{self.version}"
         self.stdlib = self.base / "lib" / f"python{self.version}"
-        if copy_encodings:
+        copied = set(copy) | ({"encodings"} if copy_encodings else set())
+        if copied:
             self.stdlib.mkdir(mode=0o755)
             for entry in os.listdir(real_stdlib):
-                if entry == "encodings":
+                if entry in copied:
                     shutil.copytree(real_stdlib / entry, self.stdlib / entry, symlinks=True)
                 else:
                     os.symlink(real_stdlib / entry, self.stdlib / entry)
@@ -109,7 +111,7 @@ class Layout:
 def layout():
     made: list[Layout] = []
 
-    def make(**kw: bool) -> Layout:
+    def make(**kw: "bool | tuple[str, ...]") -> Layout:
         made.append(Layout(**kw))
         return made[-1]
 
@@ -171,6 +173,52 @@ def test_a_group_writable_encodings_cache(layout):
     os.chown(cache, 0, 100)
     os.chmod(cache, 0o775)
     refused(lay.start(), f"{cache} is writable by group 100")
+
+
+def test_a_module_inside_a_package_another_user_owns(layout):
+    """The reader's source imports re, tokenize, linecache...: every file of the standard
+    library counts, not only its top level and encodings."""
+    lay = layout(copy=("re",))
+    victim = lay.stdlib / "re" / "_parser.py"
+    os.chown(victim, NOBODY, NOBODY)
+    refused(lay.start(), f"{victim} belongs to uid {NOBODY}")
+
+
+def test_a_group_writable_cache_inside_a_package(layout):
+    lay = layout(copy=("re",))
+    cache = lay.stdlib / "re" / "__pycache__"
+    cache.mkdir(exist_ok=True)
+    os.chown(cache, 0, 100)
+    os.chmod(cache, 0o775)
+    refused(lay.start(), f"{cache} is writable by group 100")
+
+
+def test_the_tree_walk_follows_links_skips_site_packages_and_is_bounded():
+    _need(os.geteuid() == 0, "changing owners needs root")
+    base = Path(tempfile.mkdtemp(prefix="monstack-trust-", dir="/opt"))
+    try:
+        os.chmod(base, 0o755)
+        stdlib = base / "python3.99"
+        for d in (stdlib / "site-packages" / "theirs", stdlib / "dist-packages", base / "elsewhere" / "pkg"):
+            d.mkdir(parents=True, mode=0o755)
+        for f in (stdlib / "site-packages" / "theirs" / "mod.py", stdlib / "dist-packages" / "mod.py"):
+            f.write_text("")
+            os.chown(f, NOBODY, NOBODY)  # -S never imports these: not checked
+        os.chown(stdlib / "site-packages", NOBODY, NOBODY)
+        (base / "elsewhere" / "pkg" / "__init__.py").write_text("")
+        os.symlink(base / "elsewhere" / "pkg", stdlib / "pkg")
+        os.symlink(stdlib, stdlib / "loop")  # walked once
+        skip = _dumptrust._NOT_IMPORTED
+        _dumptrust._check_tree(str(stdlib), frozenset({0}), skip)
+        victim = base / "elsewhere" / "pkg" / "__init__.py"
+        os.chown(victim, NOBODY, NOBODY)  # below a linked directory
+        with pytest.raises(_dumptrust.Untrusted, match=f"^{stdlib / 'pkg' / '__init__.py'} belongs to uid {NOBODY}$"):
+            _dumptrust._check_tree(str(stdlib), frozenset({0}), skip)
+        os.chown(victim, 0, 0)
+        with pytest.raises(_dumptrust.Untrusted, match="holds more than 2 files and directories: too many to check"):
+            _dumptrust._check_tree(str(stdlib), frozenset({0}), skip, limit=2)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def test_a_link_to_the_standard_library_another_user_owns(layout):
