@@ -156,6 +156,15 @@ def _parse_accelerator(text: str) -> Optional[bool]:
     raise BadValue("auto, 1/true/yes/on (require the native callbacks), 0/false/no/off")
 
 
+def _parse_notes(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise BadValue("1/true/yes/on, 0/false/no/off")
+
+
 def _parse_signal(text: str) -> str:
     """A signal name (``USR1``, ``SIGUSR1``, any case) -> ``"SIGUSR1"``. Whether this
     platform has it, and whether it may be used, is decided where the handler is installed."""
@@ -245,6 +254,12 @@ SETTINGS: tuple[Setting, ...] = (
         "auto, 1/true/yes/on, 0/false/no/off", "auto",
         "Native sys.monitoring callbacks on CPython 3.12-3.15 (auto: where they can run).",
         "--accelerator",
+    ),
+    Setting(
+        "MONSTACK_NOTES", "notes", _parse_notes, "1/true/yes/on, 0/false/no/off", "0",
+        "Also add each origin to its exception as a PEP 678 note where the work fails "
+        "(never under pytest).",
+        "--notes",
     ),
     Setting(
         "MONSTACK_COLOR", None, _parse_color,
