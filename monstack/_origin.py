@@ -506,7 +506,13 @@ class notes_shown:
 
     def __enter__(self) -> None:
         try:
-            for e, snap in origins_in(self._exc):
+            found = origins_in(self._exc)
+        except Exception:
+            return
+        for e, snap in found:
+            try:  # (each on its own: one exception's odd __notes__ stops no other's note)
+                if "__notes__" in type(e).__dict__:
+                    continue  # a __notes__ of its class's own (a property...): left alone
                 notes = e.__dict__.get("__notes__")
                 if notes is None:
                     had = False
@@ -524,8 +530,8 @@ class notes_shown:
                 else:
                     e.__notes__ = [note]
                 self._added.append((e, note, had))
-        except Exception:
-            pass
+            except Exception:
+                pass
 
     def __exit__(self, *exc_info: Any) -> None:
         added, self._added = self._added, []

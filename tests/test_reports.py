@@ -295,3 +295,40 @@ def test_install_refuses_a_notes_value_that_is_not_a_bool():
 
     with pytest.raises(ValueError, match="notes must be True or False"):
         monstack.install(notes="yes")  # type: ignore[arg-type]
+
+
+# -- the notes a report borrows ----------------------------------------------------------------------
+
+
+def test_notes_shown_adds_the_origins_for_the_call_only_and_restores_every_exception():
+    import monstack
+    from monstack import _origin
+
+    snap = monstack.snapshot()  # @snap
+    plain, noted, odd = ValueError("plain"), KeyError("noted"), _PropertyNotes("odd")
+    noted.add_note("theirs")
+    for exc in (plain, noted, odd):
+        monstack.attach(exc, snap)
+    group = ExceptionGroup("group", [noted, odd])
+    try:
+        raise group from plain
+    except ExceptionGroup as exc:
+        outer = exc
+    with _origin.notes_shown(outer):
+        assert outer.__dict__.get("__notes__") is None  # (it has no origin)
+        assert plain.__notes__[0].startswith(HEADING) and len(plain.__notes__) == 1
+        assert noted.__notes__[0] == "theirs" and noted.__notes__[1].startswith(HEADING)
+        assert f"line {_this_line('@snap')}," in plain.__notes__[0]
+    assert not hasattr(plain, "__notes__") and noted.__notes__ == ["theirs"]
+    assert odd.__notes__ == ["its own"] and not hasattr(outer, "__notes__")
+
+
+class _PropertyNotes(Exception):
+    @property
+    def __notes__(self):  # type: ignore[override]
+        return ["its own"]
+
+
+def _this_line(marker: str) -> int:
+    return next(i for i, line in enumerate(Path(__file__).read_text().splitlines(), 1)
+                if marker in line and "_this_line" not in line)
