@@ -145,19 +145,39 @@ def format_origin(snap, color: bool = False, limit: Optional[int] = None, frame_
     older, dropped = snap.chain(limit - 1)
     out: list[str] = []
     for i, hop in enumerate((snap,) + tuple(older)):
-        out.append(heading(ORIGIN_HEADING if i == 0 else HOP_HEADING, color))
         try:
             records = hop._display_records()
         except Exception:  # never let a broken record break the report
             records = ()
-        if records:
-            out.extend(format_records(records, color, frame_limit))
-        else:
-            out.append("  (no tracked frames)\n")
+        if not records:
+            # An origin with no tracked frames says nothing: none is shown. An older hop
+            # with none is left out (the work still ran, further out, in the next one).
+            if i == 0:
+                return out
+            continue
+        out.append(heading(ORIGIN_HEADING if i == 0 else HOP_HEADING, color))
+        out.extend(format_records(records, color, frame_limit))
     if dropped > 0:
         text = f"[{dropped} more hop{'s' if dropped != 1 else ''} dropped (chain_limit={limit})]"
         out.append(f"{ANSI.GREY}{text}{ANSI.RESET}\n" if color else text + "\n")
     return out
+
+
+def has_frames(snap) -> bool:
+    """True if ``snap`` has a frame to show (an origin with none is never attached nor
+    shown: :func:`format_origin` gives nothing for it)."""
+    try:
+        return bool(snap._display_records())
+    except Exception:
+        return False
+
+
+def origin_note(snap) -> str:
+    """The plain-text origin chain as one PEP 678 note ("" when it has no frames)."""
+    try:
+        return "".join(format_origin(snap, color=False)).rstrip("\n")
+    except Exception:
+        return ORIGIN_HEADING + "\n  (monstack: the origin could not be formatted)"
 
 
 def is_origin_note(note: object) -> bool:
@@ -165,8 +185,13 @@ def is_origin_note(note: object) -> bool:
     return isinstance(note, str) and note.startswith(ORIGIN_HEADING)
 
 
-def _traceback_lines(exc: BaseException, color: bool, drop_origin_note: bool) -> list[str]:
-    """CPython's own rendering of ``exc`` (chains, groups, carets), minus monstack's note."""
+def _traceback_lines(exc: BaseException, color: bool, drop_origin_note: bool, origins: Any = None,
+                     top: bool = False) -> list[str]:
+    """CPython's own rendering of ``exc`` (chains, groups, carets), minus monstack's note.
+
+    ``origins(e)``: the origin of an exception ``e`` of the chain or group below ``exc``
+    (and of ``exc`` itself if ``top``); each one found is shown as a note of ``e``, where
+    the excepthook prints notes. The exceptions themselves are left as they are."""
     import traceback
 
     te = traceback.TracebackException(type(exc), exc, exc.__traceback__, compact=True)
@@ -176,6 +201,8 @@ def _traceback_lines(exc: BaseException, color: bool, drop_origin_note: bool) ->
         if isinstance(notes, (list, tuple)):
             kept = [n for n in notes if not is_origin_note(n)]
             te.__notes__ = kept or None  # type: ignore[attr-defined]
+    if origins is not None:
+        _origin_notes(te, exc, origins, top)
     if color and _COLORIZE_TRACEBACKS:
         return list(te.format(colorize=True))  # type: ignore[call-arg]
     return list(te.format())
@@ -205,6 +232,40 @@ def _hide_own_frames(te) -> None:
         todo.extend(getattr(t, "exceptions", None) or ())
 
 
+def _origin_notes(te: Any, exc: BaseException, origins: Any, top: bool = False) -> None:
+    """Give each TracebackException below ``te`` (causes, contexts, group members: the
+    ones ``te`` rendered from ``exc``'s; ``te`` too if ``top``) a note with its
+    exception's origin."""
+    seen: set = set()
+    todo: list = []
+
+    def below(t: Any, e: Any) -> None:
+        for attr in ("__cause__", "__context__"):
+            todo.append((getattr(t, attr, None), getattr(e, attr, None)))
+        members = getattr(e, "exceptions", None)
+        if isinstance(members, (list, tuple)):
+            todo.extend(zip(getattr(t, "exceptions", None) or (), members))
+
+    if top:
+        todo.append((te, exc))
+    else:
+        below(te, exc)
+    while todo and len(seen) < 1000:
+        t, e = todo.pop()
+        if t is None or not isinstance(e, BaseException) or id(t) in seen:
+            continue
+        seen.add(id(t))
+        try:
+            snap = origins(e)
+            note = origin_note(snap) if snap is not None else ""
+            if note and note.startswith(ORIGIN_HEADING):
+                notes = [n for n in (getattr(t, "__notes__", None) or ()) if not is_origin_note(n)]
+                t.__notes__ = notes + [note]
+        except Exception:
+            pass
+        below(t, e)
+
+
 #: CPython 3.13+ colours tracebacks itself (``TracebackException.format(colorize=...)``).
 _COLORIZE_TRACEBACKS = _env.COLORIZED_TRACEBACKS
 
@@ -230,14 +291,16 @@ def format_traceback(exc: BaseException, color: bool = False) -> str:
         return "".join(_fallback_exception_lines(exc))
 
 
-def format_exception(exc: BaseException, origin=None, color: bool = False) -> str:
+def format_exception(exc: BaseException, origin=None, color: bool = False, origins: Any = None) -> str:
     """The traceback of ``exc`` as CPython prints it, then the origin chain (if any).
 
     monstack's own note is left out of the traceback part when ``origin`` is given (it
-    would repeat the chain, uncoloured). Never raises for hostile exceptions.
+    would repeat the chain, uncoloured). ``origins``: see :func:`_traceback_lines` (the
+    origins of the exceptions chained to or grouped in ``exc``, shown as their notes).
+    Never raises for hostile exceptions.
     """
     try:
-        lines = _traceback_lines(exc, color, origin is not None)
+        lines = _traceback_lines(exc, color, origin is not None, origins)
     except Exception:
         lines = _fallback_exception_lines(exc)
     if origin is not None:

@@ -55,6 +55,7 @@ def install(
     propagate: Any = True,
     chain_limit: int = 8,
     accelerator: Optional[bool] = None,
+    notes: bool = False,
 ) -> str:
     """Start keeping per-thread shadow stacks. Returns the name of the backend in use.
 
@@ -72,9 +73,17 @@ def install(
     uses the native callbacks where they can run unless ``MONSTACK_ACCELERATOR=0``; False
     uses the pure-Python ones; True requires the native ones (RuntimeError otherwise;
     ValueError with ``backend="walk"``, which runs none).
+
+    ``notes``: also add each origin to its exception as a PEP 678 note where the work
+    fails (default False: exceptions look as they would without monstack, and origins
+    show where failures are reported: the excepthooks, asyncio's handler, pytest's report,
+    ``monstack.logging``). For logs that print exceptions themselves; never under pytest,
+    whose ``raises(match=)`` matches the notes too.
     """
     if accelerator is not None and not isinstance(accelerator, bool):
         raise ValueError(f"accelerator must be None, True or False, got {accelerator!r}")
+    if not isinstance(notes, bool):
+        raise ValueError(f"notes must be True or False, got {notes!r}")
     global _failure_reported
     options: dict[str, Any] = {
         "backend": backend,
@@ -84,6 +93,7 @@ def install(
         "propagate": _propagate.check_points(propagate),
         "chain_limit": _propagate.check_chain_limit(chain_limit),
         "accelerator": accelerator,
+        "notes": notes,
     }
     choice = _select.check_choice(backend)  # ValueError before touching anything
     if accelerator is True and choice == "walk":

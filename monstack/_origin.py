@@ -3,9 +3,21 @@
 ``wrap(fn)`` snapshots the creating line now and runs ``fn`` later with that snapshot as
 the *current origin* (a ``ContextVar``: each thread and asyncio task has its own), so
 snapshots taken inside link to it and an exception escaping ``fn`` gets it attached.
-``attach`` stores the origin on the exception and adds a plain-text PEP 678 note, so any
-tool that prints exceptions shows it; ``format_exception``/``print_exception`` render the
-traceback plus the origin chain through the one formatting core, with colour.
+``attach`` records the origin without changing what the exception looks like (its
+``str()``, ``args`` and ``__notes__`` stay as they were: a program or test that catches it
+sees what it would see without monstack); the origin shows where exceptions are reported
+(``monstack._points.reports``: the excepthooks, asyncio's handler; pytest's report;
+``monstack.logging``; ``format_exception``/``print_exception``, which render the traceback
+plus the origin chain through the one formatting core, with colour). Only the opt-in notes
+mode (``install(notes=True)``, ``MONSTACK_NOTES=1``; never under pytest) also adds it as a
+plain-text PEP 678 note, for tools that print exceptions themselves.
+
+Where the origin is kept: in the exception's ``__dict__``, as ``__monstack_origin__``. The
+exceptions of built-in types (ValueError, KeyError, ...) cannot be weakly referenced, so
+a table beside them could only keep them (their tracebacks, frames and locals) alive or
+guess at reused ids; the attribute lives exactly as long as the exception, follows it
+wherever it is re-raised (``future.result()`` in another thread), and travels with it when
+it is pickled (process pools, Celery, Dask). It shows in ``vars(exc)``, nowhere else.
 
 Nothing here may break the host program: an exception that refuses attributes or notes
 keeps its origin in a side table; hostile ``__str__``/``__repr__`` never stop a report.
@@ -266,6 +278,23 @@ class _RunOf(_WithOrigin):
             raise AttributeError(name)
         return getattr(self.__wrapped__, name)
 
+    def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return _WithOrigin.__call__(self, *args, **kwargs)
+        except Exception as exc:
+            _drop_own_entry(exc, sys._getframe())
+            # Leaving the child's run() for BaseProcess._bootstrap, which prints it (with
+            # notes) and exits: nothing of the program sees it any more, so that report is
+            # where the origin shows.
+            try:
+                if sys._getframe(1).f_code.co_name == "_bootstrap":
+                    snap = _lookup(exc)
+                    if snap is not None:
+                        _set_note(exc, snap)
+            except Exception:
+                pass
+            raise
+
     def __reduce__(self) -> tuple:
         return (_run_received, (self._owner, _sent_bytes(self)))
 
@@ -361,18 +390,20 @@ def current_origin() -> Optional[Snapshot]:
 def attach(exc: BaseException, snap: Snapshot) -> BaseException:
     """Record ``snap`` as where the work that raised ``exc`` was created; returns ``exc``.
 
-    Stores it as ``exc.__monstack_origin__`` and adds (or replaces) one PEP 678 note
-    headed "Work created at (most recent call last):", so the default excepthook, pytest,
-    logging and IPython all show it. Attaching again never duplicates the note. An
-    exception that refuses attributes or notes keeps its origin in a side table
-    (:func:`origin_of` and :func:`format_exception` still see it).
+    Stores it as ``exc.__monstack_origin__`` (an exception that refuses attributes keeps
+    it in a side table): :func:`origin_of` returns it and the reporting edges (the
+    excepthooks while installed, pytest's report, ``monstack.logging``,
+    :func:`format_exception`) show it. ``str(exc)`` and ``exc.__notes__`` are left alone,
+    except in notes mode (``install(notes=True)``, never under pytest), which adds (or
+    replaces) one PEP 678 note headed "Work created at (most recent call last):".
     """
     if not isinstance(exc, BaseException):
         raise TypeError(f"monstack.attach() needs an exception instance, got {_type_name(exc)}")
     if not isinstance(snap, Snapshot):
         raise TypeError(f"monstack.attach() needs a Snapshot, got {_type_name(snap)}")
     _store(exc, snap)
-    _set_note(exc, snap)
+    if notes_on():
+        _set_note(exc, snap)
     return exc
 
 
@@ -394,7 +425,7 @@ def format_exception(exc: BaseException, color: Optional[bool] = None) -> str:
     _format = _fmt()
     from ._colorize import resolve
 
-    return _format.format_exception(exc, _lookup(exc), resolve(color, sys.stderr))
+    return _format.format_exception(exc, _lookup(exc), resolve(color, sys.stderr), _lookup)
 
 
 def print_exception(exc: BaseException, file: Optional[IO[str]] = None, color: Optional[bool] = None) -> None:
@@ -411,7 +442,7 @@ def print_exception(exc: BaseException, file: Optional[IO[str]] = None, color: O
     _format = _fmt()
     from ._colorize import resolve
 
-    file.write(_format.format_exception(exc, _lookup(exc), resolve(color, file)))
+    file.write(_format.format_exception(exc, _lookup(exc), resolve(color, file), _lookup))
 
 
 def _drop_own_entry(exc: BaseException, frame: Any) -> None:
@@ -428,14 +459,120 @@ def _drop_own_entry(exc: BaseException, frame: Any) -> None:
         pass
 
 
-def _attach_if_absent(exc: BaseException, snap: Snapshot) -> None:
-    """Automatic attach: the first (innermost) origin wins; never raises."""
+def _has_frames(snap: Snapshot) -> bool:
+    """True if ``snap`` has a frame to show (``_format.has_frames``, without loading the
+    formatting: this runs on every failure that leaves propagated work)."""
     try:
-        if _lookup(exc) is None:
+        return bool(snap._display_records())
+    except Exception:
+        return False
+
+
+def _attach_if_absent(exc: BaseException, snap: Snapshot) -> None:
+    """Automatic attach: the first (innermost) origin with a frame to show wins (one with
+    none says nothing: an outer one may); the exception looks as it did (a note only in
+    notes mode). Never raises."""
+    try:
+        if _lookup(exc) is None and _has_frames(snap):
             _store(exc, snap)
-            _set_note(exc, snap)
+            if notes_on():
+                _set_note(exc, snap)
     except Exception:
         pass
+
+
+def notes_on() -> bool:
+    """Notes mode: installed with ``notes=True`` (``MONSTACK_NOTES=1``), and not under
+    pytest (whose ``raises(match=)`` matches notes too: its report shows origins)."""
+    try:
+        state = _capture.running()
+        return (state is not None and bool(state.options.get("notes"))
+                and sys.modules.get("_pytest") is None)
+    except Exception:
+        return False
+
+
+def origins_in(exc: BaseException, limit: int = 100) -> list:
+    """``(exception, origin)`` for ``exc`` and the exceptions chained to it or grouped in
+    it, outermost first, where the origin has a frame to show."""
+    found: list = []
+    seen: set = set()
+    todo: list = [exc]
+    while todo and len(seen) < 1000 and len(found) < limit:
+        e = todo.pop(0)
+        if not isinstance(e, BaseException) or id(e) in seen:
+            continue
+        seen.add(id(e))
+        snap = _lookup(e)
+        if snap is not None and _has_frames(snap):
+            found.append((e, snap))
+        try:
+            todo.append(e.__cause__)
+            if not e.__suppress_context__:
+                todo.append(e.__context__)
+            members = getattr(e, "exceptions", None)
+            if isinstance(members, (list, tuple)):
+                todo.extend(members)
+        except Exception:
+            pass
+    return found
+
+
+class notes_shown:
+    """``with notes_shown(exc):`` gives ``exc`` and the exceptions chained to or grouped in
+    it a note with their origin, for a report printed by code that shows notes (another
+    tool's excepthook, asyncio's handler), and takes exactly those notes off again after
+    (a ``__notes__`` that did not exist is removed)."""
+
+    __slots__ = ("_exc", "_added")
+
+    def __init__(self, exc: BaseException) -> None:
+        self._exc = exc
+        self._added: list = []
+
+    def __enter__(self) -> None:
+        try:
+            found = origins_in(self._exc)
+        except Exception:
+            return
+        for e, snap in found:
+            try:  # (each on its own: one exception's odd __notes__ stops no other's note)
+                if "__notes__" in type(e).__dict__:
+                    continue  # a __notes__ of its class's own (a property...): left alone
+                notes = e.__dict__.get("__notes__")
+                if notes is None:
+                    had = False
+                elif isinstance(notes, list):
+                    if any(_fmt().is_origin_note(n) for n in notes):
+                        continue  # notes mode put it there already
+                    had = True
+                else:
+                    continue
+                note = _fmt().origin_note(snap)
+                if not note:
+                    continue
+                if had:
+                    notes.append(note)
+                else:
+                    e.__notes__ = [note]
+                self._added.append((e, note, had))
+            except Exception:
+                pass
+
+    def __exit__(self, *exc_info: Any) -> None:
+        added, self._added = self._added, []
+        for e, note, had in added:
+            try:
+                notes = e.__dict__.get("__notes__")
+                if isinstance(notes, list):
+                    for i in range(len(notes) - 1, -1, -1):
+                        if notes[i] is note:
+                            del notes[i]
+                            break
+                    if not had and not notes:
+                        del e.__notes__
+            except Exception:
+                pass
 
 
 def _store(exc: BaseException, snap: Snapshot) -> None:
@@ -484,10 +621,9 @@ def _lookup(exc: BaseException) -> Optional[Snapshot]:
 def _set_note(exc: BaseException, snap: Snapshot) -> None:
     """Add the plain-text note once; replace monstack's earlier note if there is one."""
     _format = _fmt()
-    try:
-        note = "".join(_format.format_origin(snap, color=False)).rstrip("\n")
-    except Exception:
-        note = _format.ORIGIN_HEADING + "\n  (monstack: the origin could not be formatted)"
+    note = _format.origin_note(snap)
+    if not note:
+        return  # no frames to show
     try:
         notes = getattr(exc, "__notes__", None)
     except Exception:

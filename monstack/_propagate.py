@@ -4,11 +4,11 @@
 
 - ``"threading"``: ``threading.Thread.start`` (so ``Timer`` too). The new thread runs
   with the starter's snapshot as its origin; an exception ending it carries the origin,
-  so ``threading.excepthook`` prints it (as a PEP 678 note).
+  which ``threading.excepthook``'s report shows (``_points.reports``).
 - ``"start_new_thread"``: ``_thread.start_new_thread`` (and its alias ``start_new``). The
   function runs with the starting line as its origin; its failure carries it to
-  ``sys.unraisablehook``, and where that is the default one on 3.11-3.14 (which does not
-  print notes) the report is printed with the note, as 3.15's default hook prints it.
+  ``sys.unraisablehook``, and where that is the default one the report is printed with
+  the origin where that hook prints notes.
 - ``"thread_pool"`` / ``"process_pool"``: ``ThreadPoolExecutor.submit`` /
   ``ProcessPoolExecutor.submit`` (``map`` goes through ``submit``). The exception that
   ``future.result()`` raises carries the submitting line; for process pools the origin
@@ -26,7 +26,7 @@
 - ``"process"``: ``multiprocessing``'s ``Process.start`` (every start method). The
   process's ``run()`` (its target, or a subclass's own ``run()``) runs with the starter's
   snapshot as its origin (travelling pickled under spawn/forkserver), so the traceback
-  the child prints when it fails carries a "Work created at" note. The worker processes
+  the child prints when it fails shows "Work created at". The worker processes
   of pools and managers are left alone.
 - ``"mp_pool"``: ``multiprocessing.pool.Pool``'s ``apply_async``, ``_map_async`` and
   ``imap``/``imap_unordered`` (so ``apply``, ``map``, ``starmap`` and their ``_async``
@@ -38,7 +38,7 @@
   the snapshot travels in the message's headers. Patched only once the program imports
   Celery (see ``monstack._points.celery``).
 - ``"dask"``: ``distributed.Client.submit`` and ``Client.map`` (clients made inside
-  tasks too): the task runs on the worker under the submitting line, whose failure note
+  tasks too): the task runs on the worker under the submitting line, whose failure origin
   travels back with the exception; the client attaches it again to exceptions that
   arrive without it (a dead worker's ``KilledWorker``, errors Dask replaced). Patched
   only once the program imports ``distributed``; the code is in ``_points.dask``.
@@ -72,7 +72,7 @@ import sys
 
 from . import _points, _snapshot
 from ._errors import warn
-from ._points import GREENLET_PARTS, GREENLETS, ON, PATCHES, REGISTRY, CannotEnable
+from ._points import GREENLET_PARTS, GREENLETS, ON, PATCHES, REGISTRY, REPORT_PARTS, REPORTS, CannotEnable
 from ._settings import PROPAGATION_POINTS
 
 # Nothing here imports ``threading`` (or ``typing``, ``functools``...) at start-up: a
@@ -128,6 +128,9 @@ def start(options: dict) -> None:
         # not a propagation point: each greenlet gets its own shadow stack (_points.greenlet)
         ON.add(GREENLETS)
         _arm(GREENLETS, GREENLET_PARTS)
+        # nor this: the hooks that report uncaught failures show origins (_points.reports)
+        ON.add(REPORTS)
+        _arm(REPORTS, REPORT_PARTS)
         if _PENDING and _HOOK not in sys.meta_path:
             sys.meta_path.insert(0, _HOOK)
     except BaseException:
@@ -163,7 +166,7 @@ def stop() -> None:
 
 
 #: The families, by module name in ``monstack._points``.
-_FAMILIES = tuple(dict.fromkeys(where.rsplit(".", 1)[0] for parts in (*REGISTRY.values(), GREENLET_PARTS)
+_FAMILIES = tuple(dict.fromkeys(where.rsplit(".", 1)[0] for parts in (*REGISTRY.values(), GREENLET_PARTS, REPORT_PARTS)
                                 for _trigger, where in parts))
 
 

@@ -1,5 +1,6 @@
-"""pytest-timeout with monstack's report: what ``_monstack_pytest`` (the entry point)
-calls when monstack is tracking and pytest-timeout sets a test's timer.
+"""What ``_monstack_pytest`` (the entry point) calls when monstack is tracking: the origins
+section of a failed test's report (:func:`add_origins`), and pytest-timeout with monstack's
+report when pytest-timeout sets a test's timer.
 
 pytest-timeout has no "on timeout" hook, only ``pytest_timeout_set_timer`` and
 ``pytest_timeout_cancel_timer`` to replace its timer. :func:`set_timer` is its timer (the
@@ -26,6 +27,42 @@ except ImportError:  # only pytest loads this module (a test dependency, not a r
 
 #: The title of the separators around the report.
 TITLE = "Timeout"
+#: The title of a failed test's section with the origins of its exceptions.
+ORIGINS_TITLE = "monstack: where the failed work was created"
+
+
+def origins_text(exc: BaseException, color: bool = False) -> str:
+    """The origin of ``exc`` and of each exception chained to it or grouped in it (each
+    headed by the exception's type and message when there is more than ``exc``'s), or ""."""
+    from ._format import format_origin
+    from ._origin import origins_in
+
+    found = origins_in(exc)
+    parts: list[str] = []
+    for e, snap in found:
+        if len(found) > 1 or e is not exc:
+            try:
+                text = str(e)
+            except Exception:
+                text = "<exception str() failed>"
+            name = type(e).__qualname__
+            parts.append(f"{name}: {text}\n" if text else f"{name}\n")
+        parts.extend(format_origin(snap, color))
+    return "".join(parts)
+
+
+def add_origins(report: Any, exc: BaseException) -> None:
+    """Add :func:`origins_text` to a failed test's report: in its long representation
+    (shown whatever ``--show-capture`` says), else as a report section."""
+    text = origins_text(exc)
+    if not text:
+        return
+    longrepr = getattr(report, "longrepr", None)
+    addsection = getattr(longrepr, "addsection", None)
+    if addsection is not None:
+        addsection(ORIGINS_TITLE, text.rstrip("\n"))
+    else:
+        report.sections.append((ORIGINS_TITLE, text))
 
 
 def _framework_dirs() -> list[tuple[str, str]]:

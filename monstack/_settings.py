@@ -258,6 +258,12 @@ SETTINGS: tuple[Setting, ...] = (
         "--accelerator",
     ),
     Setting(
+        "MONSTACK_NOTES", "notes", _parse_switch, "1/true/yes/on, 0/false/no/off", "0",
+        "Also add each origin to its exception as a PEP 678 note where the work fails "
+        "(never under pytest).",
+        "--notes",
+    ),
+    Setting(
         "MONSTACK_COLOR", None, _parse_color,
         "auto, always (or 1/yes/true/on), never (or 0/no/false/off)", "auto",
         "Colour in monstack's own reports; auto follows CPython's rules "

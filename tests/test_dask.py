@@ -31,7 +31,11 @@ def line_of(tag: str) -> int:
 
 
 def notes(exc: BaseException) -> str:
-    return "\n".join(n for n in getattr(exc, "__notes__", None) or () if isinstance(n, str))
+    """The origin chain a report shows for ``exc`` (its origin travels with it, as the
+    worker attached it or the client did; the exception gets no note)."""
+    assert not getattr(exc, "__notes__", None), exc.__notes__
+    snap = monstack.origin_of(exc)
+    return "".join(_format.format_origin(snap)) if snap is not None else ""
 
 
 # -- without a cluster ---------------------------------------------------------------------------------
@@ -193,7 +197,7 @@ def test_submit_runs_under_the_submitting_line_and_its_failure_shows_it(client):
     assert backend is not None  # the worker booted monstack from MONSTACK=1
     assert text is not None and text.strip().startswith("fn, ln, backend, text = client.submit(")
     future = client.submit(tasks.fail, 1)  # @submit
-    _dask.stop()  # the client cannot attach it: the note comes from the worker
+    _dask.stop()  # the client cannot attach it: the origin comes from the worker
     exc = _raised(future)
     assert isinstance(exc, ValueError) and str(exc) == "task failed on 1"
     text = notes(exc)

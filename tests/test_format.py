@@ -336,8 +336,13 @@ def test_format_origin_default_limit_is_the_installed_chain_limit():
 
 
 def test_format_origin_hops_without_frames_or_with_broken_records():
-    lines = _format.format_origin(_Hop((), older=[_Hop(broken=True), _Hop(_recs("x"))]))
-    assert lines == [ORIGIN, "  (no tracked frames)\n", HOP, "  (no tracked frames)\n", HOP, '  File "x.py", line 1, in x\n']
+    # An origin with no frames to show is not shown at all (no heading alone), even when
+    # older hops have frames; an older hop without frames is left out of the chain.
+    assert _format.format_origin(_Hop((), older=[_Hop(broken=True), _Hop(_recs("x"))])) == []
+    assert not _format.has_frames(_Hop(())) and not _format.has_frames(_Hop(broken=True))
+    lines = _format.format_origin(_Hop(_recs("a"), older=[_Hop(broken=True), _Hop(()), _Hop(_recs("x"))]))
+    assert lines == [ORIGIN, '  File "a.py", line 1, in a\n', HOP, '  File "x.py", line 1, in x\n']
+    assert _format.has_frames(_Hop(_recs("a")))
 
 
 def test_format_origin_passes_the_frame_limit():

@@ -197,6 +197,7 @@ def test_what_gevent_spawn_carries(installed):
         wrapped = gevent.spawn(monstack.wrap(fails)); line = spawn_line()  # noqa: E702 (one line)
         wrapped.join()
     assert plain.value is False
-    assert not getattr(failing.exception, "__notes__", None)
-    notes = "".join(getattr(wrapped.exception, "__notes__", []))
-    assert "Work created at" in notes and f"line {line}, in test_what_gevent_spawn_carries" in notes
+    assert monstack.origin_of(failing.exception) is None
+    assert not getattr(wrapped.exception, "__notes__", None)
+    report = monstack.format_exception(wrapped.exception, color=False)
+    assert "Work created at" in report and f"line {line}, in test_what_gevent_spawn_carries" in report

@@ -168,10 +168,15 @@ def test_exception_that_carries_its_origin_is_not_reported_twice(installed, cap)
         future = pool.submit(job); line = here()  # noqa: E702
         try:
             future.result()
-        except ValueError:
+        except ValueError as exc:
+            caught = exc
             cap.logger.exception("op failed")  # no current origin here: the exception's own
+    # The exception carries no note: the formatter reads its origin (monstack.origin_of)
+    # and prints the chain after the traceback, once.
+    assert not hasattr(caught, "__notes__")
     text = cap.text
     assert text.count(HEADING) == 1
+    assert text.index("ValueError: bad op") < text.index(HEADING)
     assert f'  File "{THIS}", line {line}, in test_exception_that_carries' in text.split(HEADING)[1]
 
 

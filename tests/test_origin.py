@@ -103,8 +103,10 @@ def test_wrap_runs_later_on_another_thread_with_origin(mode):
     assert innermost(seen["snap"].origin) == (THIS_FILE, line_of("wrap-bad"))
     (exc,) = errors
     assert innermost(origin_of(exc)) == (THIS_FILE, line_of("wrap-bad"))
-    assert len(our_notes(exc)) == 1
-    assert f'line {line_of("wrap-bad")}, in test_wrap_runs_later' in our_notes(exc)[0]
+    # The caught exception looks as it would without monstack; its report shows the origin.
+    assert str(exc) == "in the worker" and exc.args == ("in the worker",)
+    assert not hasattr(exc, "__notes__")
+    assert f'line {line_of("wrap-bad")}, in test_wrap_runs_later' in format_exception(exc, color=False)
 
 
 def test_wrap_rejects_non_callables():
@@ -189,7 +191,8 @@ def test_origin_block_attaches_to_escaping_exception_once(mode):
             with origin(other):
                 raise Boom("x")
     assert origin_of(info.value) is other  # the innermost origin wins
-    assert len(our_notes(info.value)) == 1
+    assert not hasattr(info.value, "__notes__")
+    assert format_exception(info.value, color=False).count(HEADING) == 1
 
 
 def test_origin_rejects_non_snapshots():
@@ -210,23 +213,60 @@ def test_origin_is_per_thread():
 # -- attach / origin_of ---------------------------------------------------------------------------
 
 
-def test_attach_adds_one_note_and_replaces_its_own():
+def test_attach_leaves_the_exception_as_it_was_and_replaces_the_origin():
     exc = Boom("x")
     exc.add_note("a user note")
     first = here()  # @attach-first
     second = here()  # @attach-second
     assert attach(exc, first) is exc
-    attach(exc, first)
     assert origin_of(exc) is first
-    assert len(our_notes(exc)) == 1
     attach(exc, second)
     assert origin_of(exc) is second
+    assert exc.__notes__ == ["a user note"] and str(exc) == "x" and exc.args == ("x",)
+    text = format_exception(exc, color=False)
+    assert text.count(HEADING) == 1 and "a user note" in text
+    assert f'line {line_of("attach-second")},' in text
+    assert f'line {line_of("attach-first")},' not in text
+
+
+def test_notes_mode_note_is_added_once_and_replaced():
+    """What notes mode (install(notes=True), outside pytest) does to an exception."""
+    exc = Boom("x")
+    exc.add_note("a user note")
+    first = here()  # @note-first
+    second = here()  # @note-second
+    _origin._set_note(exc, first)
+    _origin._set_note(exc, first)
+    assert len(our_notes(exc)) == 1
+    _origin._set_note(exc, second)
     assert exc.__notes__[0] == "a user note"
     (note,) = our_notes(exc)
-    assert f'line {line_of("attach-second")},' in note
-    assert f'line {line_of("attach-first")},' not in note
+    assert f'line {line_of("note-second")},' in note
+    assert f'line {line_of("note-first")},' not in note
     # Every tool that prints exceptions shows the note:
     assert note in "".join(traceback.format_exception(exc))
+    # An origin with no frames to show gives no note at all.
+    bare = Boom("y")
+    _origin._set_note(bare, _FramelessSnap())
+    assert not hasattr(bare, "__notes__")
+
+
+def _FramelessSnap() -> monstack.Snapshot:
+    """A snapshot with nothing to show (what work created from untracked code gets)."""
+    return monstack.Snapshot._from_records(())
+
+
+def test_an_origin_without_frames_is_never_attached_nor_shown():
+    exc = Boom("x")
+    _origin._attach_if_absent(exc, _FramelessSnap())
+    assert origin_of(exc) is None
+    assert "(no tracked frames)" not in format_exception(exc, color=False)
+    attach(exc, _FramelessSnap())  # explicitly: recorded, still not shown
+    text = format_exception(exc, color=False)
+    assert HEADING not in text and "(no tracked frames)" not in text
+    snap = here()
+    _origin._attach_if_absent(exc, snap)  # (not absent: the explicit one stays)
+    assert origin_of(exc).records() == ()
 
 
 def test_attach_and_origin_of_bad_input():
@@ -340,9 +380,9 @@ def test_origin_survives_pickling_the_exception():
     attach(exc, snap)
     back = pickle.loads(pickle.dumps(exc))
     assert innermost(origin_of(back)) == (THIS_FILE, line_of("pickled"))
-    assert len(our_notes(back)) == 1
+    assert not hasattr(back, "__notes__") and str(back) == "x"
     text = format_exception(back, color=False)
-    assert text.count(HEADING) == 1  # the note is not printed twice
+    assert text.count(HEADING) == 1
 
 
 # -- formatting ---------------------------------------------------------------------------------------
@@ -429,6 +469,7 @@ def test_cap_message_in_reports():
     text = format_exception(exc, color=False)
     assert text.count("created at (most recent call last):") == 2
     assert "[5 more hops dropped (chain_limit=2)]" in text
+    _origin._set_note(exc, origin_of(exc))  # notes mode's note says so too
     assert "[5 more hops dropped (chain_limit=2)]" in our_notes(exc)[0]
 
 

@@ -67,10 +67,12 @@ def test_start_soon_task_carries_origin(installed):
     assert seen["snap"].origin is seen["origin"]
     text = monstack.format_exception(info.value, color=False)
     assert f'"{THIS_FILE}", line {line_of("start-soon-fail")}, in main' in text
-    # what the default excepthook prints (the group shows its members' notes)
+    # the member's origin shows as its note; the exceptions themselves are as they were
+    assert text.index("Boom: failed in a trio task") < text.index("Work created at (most recent call last):")
     import traceback
 
-    assert "Work created at (most recent call last):" in "".join(traceback.format_exception(info.value))
+    assert "Work created at" not in "".join(traceback.format_exception(info.value))
+    assert not hasattr(exc, "__notes__") and str(exc) == "failed in a trio task"
 
 
 def test_nursery_start_carries_origin(installed):

@@ -78,6 +78,15 @@ REGISTRY: dict[str, tuple[tuple[str, str], ...]] = {
 GREENLETS = "(greenlet switches)"
 GREENLET_PARTS: tuple[tuple[str, str], ...] = (("greenlet", "greenlet.start"),)
 
+#: Not a point either: while installed, the hooks that report uncaught failures show
+#: their origins (``reports``; in :data:`ON` while installed).
+REPORTS = "(reports)"
+REPORT_PARTS: tuple[tuple[str, str], ...] = (
+    ("sys", "reports.apply_excepthook"),
+    ("threading", "reports.apply_threading_excepthook"),
+    ("asyncio", "reports.apply_asyncio"),
+)
+
 #: Points switched on now (read by the replacements on every call).
 ON: set = set()
 #: Applied patches: (owner, attribute name, original object, replacement).

@@ -126,6 +126,17 @@ def origin_of_job(job: Any) -> Optional[Snapshot]:
         return None
 
 
+def _note_for_report(exc: BaseException, run: Any) -> None:
+    try:
+        from .._origin import _lookup, _set_note
+
+        snap = _lookup(exc) or getattr(run, "_snap", None)
+        if snap is not None:
+            _set_note(exc, snap)
+    except Exception:
+        pass
+
+
 def apply() -> None:
     Job = recognise(sys.modules["rq.job"])
     on = ON
@@ -163,6 +174,12 @@ def apply() -> None:
                 return run(self)
             except BaseException as exc:
                 _drop_own_entry(exc, sys._getframe())  # the job's traceback as RQ's own
+                if run is not call:
+                    # RQ catches this in the worker and stores its formatted text (what
+                    # latest_result().exc_string and dashboards show): a report, so the
+                    # origin goes in as a note whatever the notes mode (no program
+                    # catches this exception object).
+                    _note_for_report(exc, run)
                 raise
 
         return perform

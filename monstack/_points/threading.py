@@ -222,19 +222,20 @@ def _define_thread_start(base: Any) -> Any:
 
 
 def _report_unraisable(exc: BaseException, function: Any) -> bool:
-    """The default ``sys.unraisablehook`` of 3.11-3.14 prints no notes: print its report
-    ourselves, with the note (what 3.15's default hook prints). True if printed; any
-    other hook (yours, pytest's) gets the exception as usual, note attached."""
-    if _env.PYVERSION[:2] >= (3, 15) or sys.unraisablehook is not sys.__unraisablehook__:
+    """Where ``sys.unraisablehook`` is the default one, print its report ourselves, with
+    the origin where it prints notes. True if printed; any other hook (yours, pytest's)
+    gets the exception as usual (``monstack.origin_of`` knows its origin). Imports nothing
+    (``_origin`` was loaded when the point was applied)."""
+    _origin = sys.modules.get("monstack._origin")
+    if _origin is None or sys.unraisablehook is not sys.__unraisablehook__ or _origin._lookup(exc) is None:
+        return False
         return False
     try:
-        import traceback
-
         if _env.PYVERSION[:2] >= (3, 13):
             head = f"Exception ignored in thread started by {function!r}:\n"
         else:
             head = f"Exception ignored in thread started by: {function!r}\n"
-        text = head + "".join(traceback.format_exception(exc))
+        text = head + "".join(_origin._fmt()._traceback_lines(exc, False, True, _origin._lookup, top=True))
         stderr = sys.stderr
         if stderr is None:
             return True
