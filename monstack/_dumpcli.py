@@ -249,9 +249,13 @@ class _Exchange:
         if target.foreign_root:
             self.root = _open_root(target)
         where = dict(root=self.root, name_uid=target.name_uid)
+        # Never make (mkdir, then chown) a directory in a tree the target's user controls
+        # (another mount namespace: a bind mount put on the new name in between would get
+        # chowned): there the directory must exist already, made by the target itself.
+        create = self.root is None
         try:
             try:
-                self.dirfd = proto.open_private_dir(target.uid, create=True, gid=target.gid, **where)
+                self.dirfd = proto.open_private_dir(target.uid, create=create, gid=target.gid, **where)
             except proto.Refused as exc:
                 raise DumpError(f"refusing to use the exchange directory: {exc}") from None
             except PermissionError as exc:
@@ -451,6 +455,9 @@ def _run_interpreter(exe: str, args: Sequence[str], timeout: float) -> "subproce
 
 def _remote_exec(target: _Target, script: str, why_no_signal: str) -> None:
     pid = target.pid
+    # sys.remote_exec names the process by pid alone: the one read must still be there
+    if proto.start_time(pid) != target.start_time:
+        raise DumpError(f"process {pid} has ended (its pid now names another process)")
     if _same_interpreter(pid) and hasattr(sys, "remote_exec"):
         try:
             sys.remote_exec(pid, script)
@@ -620,7 +627,15 @@ def dump_process(pid: int, timeout: float = DEFAULT_TIMEOUT) -> str:
         raise DumpError(f"{why_no_signal}, and remote debugging is disabled there (PYTHON_DISABLE_REMOTE_DEBUG)")
     if os.environ.get("PYTHON_DISABLE_REMOTE_DEBUG"):
         raise DumpError(f"{why_no_signal}, and PYTHON_DISABLE_REMOTE_DEBUG is set here (no sys.remote_exec)")
-    exchange = _Exchange(target)
+    try:
+        exchange = _Exchange(target)
+    except DumpError as exc:
+        if not target.foreign_root:
+            raise
+        try:  # (a container's process without a dump signal has no exchange directory)
+            return _external(target, f"{why_no_signal}, and {exc}")
+        except DumpError:
+            raise exc from None
     try:
         exchange.post()
         try:
@@ -664,12 +679,38 @@ def main(argv: Sequence[str]) -> int:
     try:
         pid, timeout = _parse(argv)
         text = dump_process(pid, timeout)
-    except DumpError as exc:
-        sys.stderr.write(f"{PROG}: {exc}\n")
+    except DumpError as exc:  # (its text may hold names from the target: escaped)
+        sys.stderr.write(f"{PROG}: {proto.escape_controls(str(exc))}\n")
         return 1
     except KeyboardInterrupt:
         sys.stderr.write(f"{PROG}: interrupted\n")
         return 130
-    sys.stdout.write(text)
+    sys.stdout.write(_safe_report(text, pid))
     sys.stdout.flush()
     return 0
+
+
+#: An SGR colour sequence (what monstack's own reports use): the only escape kept.
+_SGR = None
+
+
+def _safe_report(text: str, pid: int) -> str:
+    """The answer as printed: written by the target, so from another user's process every
+    control character is escaped except well-formed colour (SGR) sequences: a title, a
+    clipboard write or a screen clear the target put in never reaches this terminal."""
+    import re
+
+    global _SGR
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            uid = next((int(line.split()[2]) for line in f if line.startswith(b"Uid:")), -1)
+    except (OSError, ValueError, IndexError):
+        uid = -1
+    if uid == os.geteuid() and uid != 0:
+        return text  # (the caller's own process)
+    if _SGR is None:
+        _SGR = re.compile(r"(\x1b\[[0-9;]*m)")
+    return "\n".join(
+        "".join(part if i % 2 else proto.escape_controls(part) for i, part in enumerate(_SGR.split(line)))
+        for line in text.split("\n")
+    )

@@ -49,6 +49,8 @@ WITHDRAWN = "withdrawn"
 ARMED_MAGIC = "monstack-armed 1"
 #: The largest answer the caller reads (a report is capped at about 1 MB by default).
 MAX_OUTPUT = 16 << 20
+#: The most entries of a private directory looked at (its user could fill it).
+MAX_ENTRIES = 10_000
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _DIRECTORY = getattr(os, "O_DIRECTORY", 0)
@@ -150,6 +152,20 @@ def output_name(pid: int, token: str) -> str:
 
 def script_name(pid: int, token: str) -> str:
     return f"dump-{pid}-{token}.py"
+
+
+def _names(dirfd: int) -> list[str]:
+    """The names in the directory, at most ``MAX_ENTRIES`` of them."""
+    names: list[str] = []
+    try:
+        with os.scandir(dirfd) as entries:
+            for entry in entries:
+                names.append(entry.name)
+                if len(names) >= MAX_ENTRIES:
+                    break
+    except OSError:
+        pass
+    return names
 
 
 def _valid_token(token: str) -> bool:
@@ -377,10 +393,7 @@ def claim(pid: int, token: str = "") -> tuple[list[tuple[str, bool]], int]:
         return [], -1
     found = False
     wanted: list[tuple[str, bool]] = []
-    try:
-        names = os.listdir(dirfd)
-    except OSError:
-        names = []
+    names = _names(dirfd)
     prefix = f"dump-{pid}-"
     for name in names:
         if not (name.startswith(prefix) and name.endswith(".request")):
@@ -651,11 +664,7 @@ def clean_stale(dirfd: int) -> None:
     """Delete the exchange files of processes that no longer exist (a target that ended
     with a request, or a remote script, still waiting), and the markers of processes that
     ended without disarming (their pid gone or now another process's)."""
-    try:
-        names = os.listdir(dirfd)
-    except OSError:
-        return
-    for name in names:
+    for name in _names(dirfd):
         if name.startswith("armed-"):
             words = name.split("-")
             if len(words) == 3 and words[1].isdigit() and words[2].isdigit():

@@ -61,3 +61,50 @@ def test_own_process_facts():
     target = _dumpcli._Target(os.getpid())
     assert target.uid == os.geteuid() and target.alive()
     assert _dumpcli._same_interpreter(os.getpid())
+
+
+def test_error_lines_escape_what_the_target_controls(capsys, monkeypatch):
+    """A DumpError may quote the target's environment or executable's name: escaped."""
+    def fail(pid, timeout):
+        raise DumpError("process 7 sets MONSTACK_DUMP_SIGNAL=USR9\x1b]0;PWNED\x07\x1b[2J")
+
+    monkeypatch.setattr(_dumpcli, "dump_process", fail)
+    assert _dumpcli.main(["7"]) == 1
+    err = capsys.readouterr().err
+    assert "\x1b" not in err and "\x07" not in err and "USR9\\x1b]0;PWNED\\x07\\x1b[2J" in err
+
+
+def test_another_users_report_keeps_colour_and_escapes_the_rest(monkeypatch):
+    text = "head \x1b[1;31mred\x1b[0m\n  File \"x\x1b]52;c;Zm9v\x07.py\"\n\x9b2J end"
+    monkeypatch.setattr(os, "geteuid", lambda: 0)  # root dumping: the target (pid 1) is root's too
+    out = _dumpcli._safe_report(text, 1)
+    assert "\x1b[1;31mred\x1b[0m" in out  # monstack's colour stays
+    assert "\x1b]" not in out and "\x07" not in out and "\x9b" not in out
+    assert out.count("\n") == text.count("\n") and "x\\x1b]52;c;Zm9v\\x07.py" in out
+
+
+def test_a_reused_pid_gets_no_remote_script(monkeypatch):
+    target = _dumpcli._Target(os.getpid())
+    called = []
+    monkeypatch.setattr(sys, "remote_exec", lambda *a: called.append(a), raising=False)
+    monkeypatch.setattr(_dumpcli.proto, "start_time", lambda pid: (target.start_time or 0) + 1)
+    with pytest.raises(DumpError, match="its pid now names another process"):
+        _dumpcli._remote_exec(target, "/nonexistent.py", "no signal")
+    assert called == []
+
+
+def test_the_exchange_is_never_created_in_another_mount_namespace(monkeypatch):
+    """mkdir then chown in a tree the target controls could chown whatever it bind-mounts
+    there in between: in another mount namespace the directory must already exist."""
+    target = _dumpcli._Target(os.getpid())
+    target.foreign_root = True
+    asked = []
+
+    def open_private_dir(uid, *, create=False, gid=-1, root=None, name_uid=None):
+        asked.append((create, root is not None))
+        raise _dumpcli.proto.Refused("/tmp/monstack-0 does not exist")
+
+    monkeypatch.setattr(_dumpcli.proto, "open_private_dir", open_private_dir)
+    with pytest.raises(DumpError, match="does not exist"):
+        _dumpcli._Exchange(target)
+    assert asked == [(False, True)]

@@ -469,3 +469,19 @@ def test_plain_report_escapes_control_characters():
     assert _controls(text) == []
     assert "evil\\x1b]0;title\\x07.py" in text and "# \\x1b[2J\\x9b" in text and "note\\x1b[2J" in text
     assert "name\\x1b[31m\\n\\x7f" in text
+
+
+def test_a_crowded_directory_is_read_only_so_far(tmp_path, monkeypatch):
+    """The private directory's user may fill it: claim() and clean_stale() look at
+    MAX_ENTRIES names at most."""
+    for i in range(50):
+        (tmp_path / f"junk-{i}").write_text("")
+    fd = os.open(tmp_path, os.O_RDONLY)
+    try:
+        monkeypatch.setattr(proto, "MAX_ENTRIES", 10)
+        assert len(proto._names(fd)) == 10
+        assert len(proto._names(fd)) == 10  # (the directory's position is rewound)
+        monkeypatch.setattr(proto, "MAX_ENTRIES", 1000)
+        assert len(proto._names(fd)) == 50
+    finally:
+        os.close(fd)
