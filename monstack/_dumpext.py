@@ -252,7 +252,14 @@ class _Sources:
         uid, gid, groups = self.creds
         rfd, wfd = os.pipe()
         try:
-            child = os.fork()
+            import warnings
+
+            with warnings.catch_warnings():
+                # 3.12+ warns of fork() in a process with threads; the child only reads a
+                # file and exits, and a warning turned into an error (-W error) would leave
+                # it running with no parent that waits for it
+                warnings.simplefilter("ignore", DeprecationWarning)
+                child = os.fork()
         except BaseException:
             os.close(rfd)
             os.close(wfd)
