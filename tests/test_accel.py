@@ -641,7 +641,8 @@ def test_refuses_free_threaded_builds(monkeypatch):
 
 
 def test_refuses_other_versions(monkeypatch):
-    monkeypatch.setattr(_env, "PYVERSION", (3, 10, 0))
+    monkeypatch.setattr(_env, "NATIVE_CALLBACKS_FOR_VERSION", False)
+    monkeypatch.setattr(_env, "VERSION_TAG", "3.10")
     assert "exist for CPython 3.12, 3.13, 3.14 and 3.15 (this is 3.10)" in (_accel._refusal() or "")
 
 

@@ -99,11 +99,17 @@ def test_info_command_shows_the_backend():
 
 
 @pytest.mark.parametrize(
-    "version, expected",
-    [((3, 11, 3), "gh-104405"), ((3, 11, 0), "gh-104405"), ((3, 12, 1), "for CPython 3.11"), ((3, 10, 13), "for CPython 3.11")],
+    "facts, expected",
+    [({"VERSION_TEXT": "3.11.3", "EVALFRAME_SEES_GETITEM": False}, "3.11.3 does not call eval_frame for __getitem__ frames (gh-104405"),
+     ({"VERSION_TEXT": "3.12.1", "EVALFRAME_FOR_VERSION": False}, "for CPython 3.11 (this is 3.12.1)"),
+     ({"VERSION_TEXT": "3.10.13", "EVALFRAME_FOR_VERSION": False}, "for CPython 3.11 (this is 3.10.13)")],
 )
-def test_refuses_other_versions(monkeypatch, version, expected):
-    monkeypatch.setattr(_env, "PYVERSION", version)
+def test_refuses_other_versions(monkeypatch, facts, expected):
+    # the 3.11 that gh-104405 affects (3.11.0-3.11.3), or another version
+    monkeypatch.setattr(_env, "EVALFRAME_FOR_VERSION", True)
+    monkeypatch.setattr(_env, "EVALFRAME_SEES_GETITEM", True)
+    for name, value in facts.items():
+        monkeypatch.setattr(_env, name, value)
     reason = EvalFrameBackend.unavailable()
     assert reason is not None and expected in reason
     cls, why = _select.choose("auto")

@@ -481,9 +481,9 @@ def test_injection_really_reaches_the_callbacks(faults, tmp_path):
 @pytest.mark.parametrize(
     "fake",
     [
-        {"PYVERSION": (3, 11, 2)},  # before gh-104405 was fixed
-        {"PYVERSION": (3, 10, 13)},
-        {"PYVERSION": (3, 12, 1)},
+        {"EVALFRAME_SEES_GETITEM": False},  # 3.11.0-3.11.3: before gh-104405 was fixed
+        {"EVALFRAME_FOR_VERSION": False, "VERSION_TEXT": "3.10.13"},
+        {"EVALFRAME_FOR_VERSION": False, "VERSION_TEXT": "3.12.1"},
         {"IMPLEMENTATION": "pypy", "CPYTHON": False},
         {"LINUX": False},
         {"POINTER_BITS": 32},
