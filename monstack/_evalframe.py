@@ -711,7 +711,8 @@ class EvalFrameBackend:
             # this install (it comes back with the next install)
             self.host.distrust()
             warn(
-                "monstack: another tool replaced monstack's eval_frame function "
+                "monstack-eval-frame-replaced",
+                "another tool replaced monstack's eval_frame function "
                 f"({self._replaced_by:#x}); snapshots now walk the real frames (slower). "
                 "Call monstack.uninstall()/install() after that tool is done."
             )

@@ -263,7 +263,7 @@ def test_a_bad_switch_value_is_one_warning_and_the_cache_stays_on(site):
     out = subprocess.run([sys.executable, "-S", "-c", code], env=e, cwd=site.parent, capture_output=True, text=True,
                          timeout=120)
     assert out.stdout == "cache\n"
-    assert out.stderr == ("MonstackWarning: MONSTACK_STARTUP_CACHE='maybe' is not valid (valid values: "
+    assert out.stderr == ("MonstackWarning: monstack-bad-value: MONSTACK_STARTUP_CACHE='maybe' is not valid (valid values: "
                           "1/true/yes/on, 0/false/no/off); using the default (on)\n")
 
 

@@ -413,7 +413,7 @@ def test_warnings_as_errors_still_no_exception_and_message_on_stderr(faults, tmp
         assert ns["f"]() == "ok"
     faults.disarm()
     err = capsys.readouterr().err
-    assert err.count("MonstackWarning: monstack: internal error in tracking") == 1
+    assert err.count("MonstackWarning: monstack-internal-error: internal error in tracking") == 1
     assert "Injected" in err and "Traceback" not in err
     assert_cleanly_off(tool)
 

@@ -73,7 +73,7 @@ def test_every_setting_parses_good_values_into_install_options():
 def test_bad_value_is_one_problem_naming_variable_and_valid_values(var, value, valid):
     config = _settings.read_env({"MONSTACK": "1", var: value})
     [problem] = config.problems
-    assert problem.startswith(f"{var}={value!r} is not valid") and valid in problem
+    assert problem.startswith(f"monstack-bad-value: {var}={value!r} is not valid") and valid in problem
     assert "using the default" in problem
     setting = next(s for s in _settings.SETTINGS if s.var == var)
     assert setting.option not in config.options or setting.option == "backend"
@@ -121,7 +121,7 @@ def test_every_setting_documents_itself():
 )
 def test_a_misspelt_variable_is_a_problem_naming_the_closest_one(name, closest):
     config = _settings.read_env({"MONSTACK": "1", name: "all"})
-    assert config.problems == [f"{name} is not a monstack variable; did you mean {closest}?"]
+    assert config.problems == [f"monstack-unknown-variable: {name} is not a monstack variable; did you mean {closest}?"]
     assert config.options == {"backend": "auto"}  # and nothing else is read from it
 
 
@@ -142,7 +142,8 @@ def test_known_and_internal_variables_are_not_misspellings():
 def test_a_list_that_names_nothing_is_a_problem(var, value):
     config = _settings.read_env({"MONSTACK": "1", var: value})
     [problem] = config.problems
-    assert problem.startswith(f"{var}={value!r} is not valid (valid values: module names or path prefixes")
+    assert problem.startswith(
+        f"monstack-bad-value: {var}={value!r} is not valid (valid values: module names or path prefixes")
     assert var.split("_")[1].lower() not in config.options
 
 
@@ -154,7 +155,8 @@ def test_the_distance_counts_a_swap_as_one():
 
 def _start(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
     environ = {k: v for k, v in os.environ.items() if not k.startswith("MONSTACK")}
-    environ["PYTHONPATH"] = os.path.join(os.path.dirname(__file__), "..", "monstack", "_boot")
+    root = os.path.join(os.path.dirname(__file__), "..")
+    environ["PYTHONPATH"] = os.pathsep.join([os.path.join(root, "monstack", "_boot"), root])  # this tree's
     environ.update(env)
     return subprocess.run([sys.executable, *args, "-c", "pass"], env=environ, capture_output=True, text=True, timeout=120)
 
@@ -163,9 +165,10 @@ def test_start_up_warnings_read_cleanly():
     """No made-up location, "monstack" said once: the warning is about the environment."""
     out = _start({"MONSTACK": "1", "MONSTACK_TRAK": "all"})
     assert (out.returncode, out.stderr) == (
-        0, "MonstackWarning: MONSTACK_TRAK is not a monstack variable; did you mean MONSTACK_TRACK?\n")
+        0, "MonstackWarning: monstack-unknown-variable: MONSTACK_TRAK is not a monstack variable; "
+        "did you mean MONSTACK_TRACK?\n")
     out = _start({"MONSTACK": "1", "MONSTACK_INCLUDE": ",,"})
-    assert out.stderr.startswith("MonstackWarning: MONSTACK_INCLUDE=',,' is not valid (valid values: ") and (
+    assert out.stderr.startswith("MonstackWarning: monstack-bad-value: MONSTACK_INCLUDE=',,' is not valid (valid values: ") and (
         out.stderr.count("\n") == 1), out.stderr
 
 
@@ -174,5 +177,6 @@ def test_start_up_warnings_follow_the_warning_filters():
     assert _start(env, "-W", "ignore::RuntimeWarning").stderr == ""  # MonstackWarning is one
     out = _start(env, "-W", "error")  # cannot be raised at start-up: the same line
     assert (out.returncode, out.stderr) == (
-        0, "MonstackWarning: MONSTACK_TRAK is not a monstack variable; did you mean MONSTACK_TRACK?\n")
+        0, "MonstackWarning: monstack-unknown-variable: MONSTACK_TRAK is not a monstack variable; "
+        "did you mean MONSTACK_TRACK?\n")
     assert _start({"MONSTACK": "0", "MONSTACK_TRAK": "all"}).stderr == ""  # off: not a word

@@ -58,7 +58,7 @@ def test_boot_off_installs_nothing_and_says_nothing(fresh_boot):
 def test_boot_with_an_unknown_monstack_value_warns_about_it_alone(fresh_boot):
     with pytest.warns(MonstackWarning) as caught:
         assert _startup.boot({"MONSTACK": "maybe", "MONSTACK_TRACK": "bogus"}) is None
-    assert [str(w.message).split(" is not valid")[0] for w in caught] == ["MONSTACK='maybe'"]
+    assert [str(w.message).split(" is not valid")[0] for w in caught] == ["monstack-bad-value: MONSTACK='maybe'"]
     assert monstack.active_backend() is None
 
 
@@ -104,8 +104,8 @@ def test_boot_from_os_environ_runs_once_per_process(fresh_boot, monkeypatch):
 def test_warn_with_warnings_as_errors_writes_to_stderr(fresh_boot, capsys):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        _startup.warn("MONSTACK_X='y' is not valid")
-    assert capsys.readouterr().err == "MonstackWarning: MONSTACK_X='y' is not valid\n"
+        _startup.warn("monstack-bad-value", "MONSTACK_X='y' is not valid")
+    assert capsys.readouterr().err == "MonstackWarning: monstack-bad-value: MONSTACK_X='y' is not valid\n"
 
 
 # -- the .pth line, in this process ------------------------------------------------------------
