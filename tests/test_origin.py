@@ -1,5 +1,5 @@
-"""The explicit origin API (issue 5): wrap, origin, attach, origin_of, format/print_exception,
-the chain cap in snapshots, and the op-queue demo."""
+"""The explicit origin API: wrap, origin, attach, origin_of, format/print_exception, the
+chain cap in snapshots, and the op-queue demo."""
 
 from __future__ import annotations
 
@@ -21,14 +21,7 @@ import stackcheck
 import monstack
 from monstack import _origin
 
-# The public names (monstack/__init__.py exports them; fall back while it is being wired).
-wrap = getattr(monstack, "wrap", _origin.wrap)
-origin = getattr(monstack, "origin", _origin.origin)
-attach = getattr(monstack, "attach", _origin.attach)
-origin_of = getattr(monstack, "origin_of", _origin.origin_of)
-current_origin = getattr(monstack, "current_origin", _origin.current_origin)
-format_exception = getattr(monstack, "format_exception", _origin.format_exception)
-print_exception = getattr(monstack, "print_exception", _origin.print_exception)
+from monstack import attach, current_origin, format_exception, origin, origin_of, print_exception, wrap
 
 HEADING = "Work created at (most recent call last):"
 THIS_FILE = __file__
@@ -491,11 +484,9 @@ def test_snapshot_without_origin_is_unchanged(mode):
 # -- the demo ---------------------------------------------------------------------------------------
 
 
-def test_demo_shows_the_users_line(monkeypatch):
+def test_demo_shows_the_users_line():
     from monstack import _demo
 
-    if not hasattr(monstack, "wrap"):  # until monstack/__init__.py exports it
-        monkeypatch.setattr(monstack, "wrap", _origin.wrap, raising=False)
     out = io.StringIO()
     assert _demo.run_demo(file=out) == 0
     text = out.getvalue()
@@ -530,7 +521,7 @@ def test_demo_queue_case_by_hand():
     assert innermost(origin_of(errors[0])) == (THIS_FILE, line_of("queued"))
 
 
-# -- wrappers answer as the callable does (issue 24) ----------------------------------------------
+# -- wrappers answer as the callable does -----------------------------------------------------------
 
 
 def documented(a: int, b: int = 2) -> int:

@@ -1,4 +1,4 @@
-"""Automatic propagation (issue 5): every point names the line that created the work.
+"""Automatic propagation: every point names the line that created the work.
 
 Each test checks the *innermost tracked frame* of the reported origin against a marked
 line of this file (``# @name``), so a test fails if the origin points anywhere else.
@@ -29,10 +29,7 @@ import monstack
 from monstack import _origin, _points, _propagate, _snapshot
 from monstack._points import multiprocessing as _points_mp
 
-# The public names (monstack/__init__.py exports them; fall back while it is being wired).
-origin_of = getattr(monstack, "origin_of", _origin.origin_of)
-current_origin = getattr(monstack, "current_origin", _origin.current_origin)
-format_exception = getattr(monstack, "format_exception", _origin.format_exception)
+from monstack import current_origin, format_exception, origin_of
 
 THIS_FILE = __file__
 line_of = stackcheck.marker_lines(__file__)
@@ -1034,7 +1031,7 @@ def test_install_does_not_import_asyncio_or_process_pools_but_patches_them_on_im
     assert out.stdout.strip() == str(created)
 
 
-# -- issue 24: what libraries see is what the user gave them --------------------------------------
+# -- what libraries see is what the user gave them --------------------------------------------------
 
 
 def documented_job(x: int = 1) -> int:
@@ -1207,7 +1204,7 @@ def test_asyncio_to_thread_bound_before_install_carries_the_origin():
     assert_created_at(snap.origin, "to-thread-early-2")
 
 
-# -- issue 24: _thread.start_new_thread -----------------------------------------------------------
+# -- _thread.start_new_thread -------------------------------------------------------------------------
 
 
 def test_start_new_thread_carries_origin(installed, monkeypatch):
@@ -1277,7 +1274,7 @@ def test_threading_still_starts_threads_once_through_start_new_thread(installed,
     assert snap.origin is None
 
 
-# -- issue 24: multiprocessing.Process subclasses with their own run() ------------------------------
+# -- multiprocessing.Process subclasses with their own run() ----------------------------------------
 
 
 _PROCESS_PROGRAM = """\
@@ -1318,7 +1315,7 @@ def test_process_subclass_with_its_own_run_carries_origin(tmp_path, method):
     assert "monstack" not in err.split("Work created at")[0]
 
 
-# -- issue 24: asyncio tasks with their own context, TaskGroup ------------------------------------
+# -- asyncio tasks with their own context, TaskGroup ------------------------------------------------
 
 
 def test_asyncio_explicit_context_is_not_changed_but_the_failure_has_the_origin(installed):
