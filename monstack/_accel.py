@@ -435,7 +435,7 @@ def _verify_runtime(probe: Callable) -> None:
             out.append(exc)
 
     # (This thread only: install() may run at interpreter startup, where starting a
-    # thread to check another one would be unwelcome. tests/test_accel.py checks more.)
+    # thread to check another one would be unwelcome. tests/unit/test_accel.py checks more.)
     for where in ("this thread",):
         out: list = []
         check_thread(out)

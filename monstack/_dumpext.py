@@ -65,7 +65,7 @@ AWAIT_HEADING = "Await chain (most recent call last):"
 _BOLD, _MAGENTA, _GREY, _RESET = "\x1b[1m", "\x1b[35m", "\x1b[90m", "\x1b[0m"
 
 # -- version facts: this module runs alone in another interpreter (no monstack._env there),
-# so these few are its own; no other line of it compares versions (tests/test_env.py).
+# so these few are its own; no other line of it compares versions (tests/unit/test_env.py).
 #: ``"3.14"``: this interpreter's version as text.
 VERSION_TAG = "%d.%d" % sys.version_info[:2]
 #: The first version whose reader can read a process (PEP 768, gh-91048).

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from typing import Optional
 
 #: The running version, for the facts below: no module but this one compares versions
-#: (tests/test_env.py fails on a comparison elsewhere); they read a named fact instead.
+#: (tests/unit/test_env.py fails on a comparison elsewhere); they read a named fact instead.
 PYVERSION: tuple[int, int, int] = sys.version_info[:3]
 #: ``"3.13"``: the running version as text (``lib/python3.13``, messages, reports).
 VERSION_TAG: str = f"{PYVERSION[0]}.{PYVERSION[1]}"

@@ -2,7 +2,7 @@
 
 The one place that issues ``MonstackWarning``s: each has a stable id, given as the first
 argument of :func:`warn` / :func:`warn_once` / :func:`message` and put at the start of its
-text. docs/messages.md lists them (tests/test_messages.py keeps the list and the code in
+text. docs/messages.md lists them (tests/unit/test_messages.py keeps the list and the code in
 step). The bottom layer: every other module may report through here, and this module
 imports nothing of monstack's.
 """

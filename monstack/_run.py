@@ -2,7 +2,7 @@
 
 The program runs in this process, as ``python script.py`` / ``python -m module`` would run
 it (a new ``__main__`` module with the same ``__file__``, ``__spec__`` and globals, the same
-``sys.argv`` and ``sys.path[0]``: tests/test_run.py compares them with plain python), with
+``sys.argv`` and ``sys.path[0]``: tests/unit/test_run.py compares them with plain python), with
 monstack installed first. So its exit
 code and the signals it receives need no forwarding: an uncaught exception exits 1 after
 the usual traceback, ``SystemExit`` and ``KeyboardInterrupt`` behave as under plain

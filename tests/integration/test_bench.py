@@ -247,7 +247,7 @@ def test_unknown_section_is_refused():
 def test_opqueue_cost_script_runs(tmp_path):
     """bench/opqueue_cost.py (the README's instruction counts and long pair runs) works
     on this checkout: a tiny pairs run and a tiny instructions run."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     script = os.path.join(root, "bench", "opqueue_cost.py")
     env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
     out = subprocess.run([sys.executable, script, "pairs", "1", "240", "--no-worker"],
@@ -330,7 +330,7 @@ def test_312_code_once_monitored_loses_its_superinstructions_for_good():
 
 
 def _opqueue_parts():
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     path = os.path.join(root, "bench", "experiments", "opqueue_parts.py")
     spec = importlib.util.spec_from_file_location("monstack_opqueue_parts", path)
     mod = importlib.util.module_from_spec(spec)
@@ -375,6 +375,7 @@ def test_opqueue_parts_builds_a_variant_that_loads_and_measures_it():
         pytest.skip(str(exc))
     if CONFIG == "python":
         pytest.skip("the variants measure the native callbacks (this configuration turns them off)")
+    sys.path.insert(0, os.path.join(root, "tests", "unit"))  # test_native's loader of native/build.py
     from test_native import _build_module
 
     build = _build_module()

@@ -35,7 +35,7 @@ from celery import chain  # noqa: E402
 from monstack import _points  # noqa: E402
 from monstack._points import celery as _celery  # noqa: E402
 
-PROGRAMS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "programs")
+PROGRAMS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "programs")
 sys.path.insert(0, PROGRAMS)
 import celery_app  # noqa: E402
 

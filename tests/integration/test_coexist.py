@@ -30,7 +30,7 @@ from stackcheck import check
 
 import monstack
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TESTS = os.path.join(ROOT, "tests")
 #: Where the monstack under test lives (subprocesses import the same copy).
 HOME = os.path.dirname(os.path.dirname(os.path.abspath(monstack.__file__)))
@@ -225,7 +225,7 @@ def test_monstack_suite_passes_under_coverage(tmp_path):
     env["PYTHONPATH"] = HOME
     res = subprocess.run(
         [sys.executable, "-m", "coverage", "run", f"--data-file={tmp_path / '.cov'}", "--source", MONSTACK_DIR,
-         "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x", os.path.join(ROOT, "tests", "test_stack.py")],
+         "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x", os.path.join(ROOT, "tests", "unit", "test_stack.py")],
         capture_output=True, text=True, env=env, timeout=300, cwd=str(tmp_path),
     )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TOOL = ROOT / "tools" / "cpython_suites.py"
 sys.path.insert(0, str(ROOT / "tools"))
 

@@ -21,8 +21,8 @@ pytestmark = [
     pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the dump command needs Linux's /proc"),
 ]
 
-PROGRAM = Path(__file__).resolve().parent / "programs" / "dump_target.py"
-REPO = Path(__file__).resolve().parent.parent
+PROGRAM = Path(__file__).resolve().parents[1] / "programs" / "dump_target.py"
+REPO = Path(__file__).resolve().parents[2]
 HAS_REMOTE = sys.version_info >= (3, 14)
 CI = os.environ.get("CI") == "true"
 NOBODY = 65534

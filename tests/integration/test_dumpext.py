@@ -23,7 +23,7 @@ pytestmark = [
     pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the targets' threads are read from /proc"),
 ]
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1]
 PROGRAMS = HERE / "programs"
 REPO = HERE.parent
 CI = os.environ.get("CI") == "true"

@@ -26,7 +26,7 @@ pytestmark = [
 
 CI = os.environ.get("CI") == "true"
 NOBODY = 65534
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 HOLD = "import sys, time; print('ready', flush=True); time.sleep(600)"
 
 

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TOOL = os.path.join(ROOT, "tools", "fuzz_stack.py")
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 
@@ -145,7 +145,7 @@ def test_snapshot_after_a_callee_of_the_same_code_reinstalled(tmp_path, kind):
     The shim now empties the top when a frame of an earlier install returns (or yields:
     the generator variant)."""
     script = tmp_path / "reinstall_recursion.py"
-    script.write_text(_REINSTALL_RECURSION.format(tests=os.path.dirname(os.path.abspath(__file__)), kind=kind))
+    script.write_text(_REINSTALL_RECURSION.format(tests=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), kind=kind))
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=60)
     assert out.returncode == 0, out.stderr

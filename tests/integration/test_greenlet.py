@@ -23,7 +23,7 @@ pytestmark = pytest.mark.integration
 greenlet = integration_module("greenlet")
 gevent = integration_module("gevent")
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 tracking = pytest.mark.skipif(expected_backend() == "walk", reason="walk backend keeps no stack")
 
 
@@ -165,7 +165,7 @@ def test_monkey_patch_all_as_the_first_line_under_monstack_1(tmp_path):
     with MONSTACK=1 and warnings as errors: no warning, exit 0, tracking on, and the
     snapshots in greenlets (and in a patched ``threading.Thread``) are the real frames."""
     script = tmp_path / "patch_all_first.py"
-    script.write_text(_PATCH_ALL_FIRST.format(tests=os.path.dirname(os.path.abspath(__file__))))
+    script.write_text(_PATCH_ALL_FIRST.format(tests=os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     env = dict(os.environ, MONSTACK="1", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     out = subprocess.run([sys.executable, "-W", "error", str(script)], capture_output=True, text=True,
                          env=env, timeout=120)

@@ -24,7 +24,7 @@ from conftest import integration_module
 
 pytestmark = pytest.mark.integration
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 APP = os.path.join(ROOT, "tests", "programs", "patchers_app.py")
 
 #: The packages each tool needs (pyproject's ``integration`` extra).

@@ -42,7 +42,7 @@ from rq.serializers import JSONSerializer  # noqa: E402
 from monstack import _points  # noqa: E402
 from monstack._points import rq as _rq  # noqa: E402
 
-PROGRAMS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "programs")
+PROGRAMS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "programs")
 sys.path.insert(0, PROGRAMS)
 import rq_jobs  # noqa: E402
 

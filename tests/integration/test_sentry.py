@@ -24,7 +24,7 @@ from conftest import integration_module
 pytestmark = pytest.mark.integration
 integration_module("sentry_sdk")
 
-PROGRAM = Path(__file__).resolve().parent / "programs" / "sentry_app.py"
+PROGRAM = Path(__file__).resolve().parents[1] / "programs" / "sentry_app.py"
 LINES = {  # scenario -> the line its origin names
     "thread": "t.start()  # the thread's creating line",
     "job": "future = pool.submit(job)  # the job's submitting line",

@@ -18,7 +18,7 @@ from monstack import MonstackWarning
 
 from conftest import expected_backend
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 PTH = REPO / "monstack-startup.pth"
 BOOT_DIR = REPO / "monstack" / "_boot"
 
@@ -296,7 +296,7 @@ def test_checking_stored_machine_code_does_not_load_openssl():
     hashlib (which loads OpenSSL: milliseconds of start-up for MONSTACK=1)."""
     code = "import sys, monstack; monstack.install(); print(monstack.active_backend(), 'hashlib' in sys.modules)"
     env = {k: v for k, v in os.environ.items() if not k.startswith("MONSTACK")}
-    root = str(Path(__file__).resolve().parent.parent)
+    root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
     assert out.returncode == 0, out.stderr

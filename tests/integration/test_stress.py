@@ -27,7 +27,7 @@ from monstack import _stack
 LONG = os.environ.get("MONSTACK_STRESS", "") not in ("", "0")
 ROUNDS = 400 if LONG else 40
 CALLS = int(os.environ.get("MONSTACK_STRESS_CALLS", 10_000_000 if LONG else 1_000_000))
-TESTS = os.path.dirname(os.path.abspath(__file__))
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 #: Where the monstack under test lives (subprocesses import the same copy).
 HOME = os.path.dirname(os.path.dirname(os.path.abspath(monstack.__file__)))
 

@@ -42,7 +42,7 @@ SUPPORTED = (
     and not hasattr(sys, "gettotalrefcount")
 )
 needs_native = pytest.mark.skipif(not OK, reason=f"native callbacks unavailable: {WHY}")
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _PY_CALLBACKS = _sysmon._callbacks
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import monstack
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_dir_shows_the_public_api_and_nothing_else():

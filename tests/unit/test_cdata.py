@@ -13,7 +13,7 @@ import pytest
 
 from monstack import _cdata as C
 
-ROOT = str(Path(__file__).resolve().parent.parent)
+ROOT = str(Path(__file__).resolve().parents[2])
 
 SIMPLE = ("py_object", "c_char", "c_char_p", "c_void_p", "c_int", "c_long", "c_ulong", "c_int64", "c_uint64",
           "c_uint8", "c_size_t", "c_ssize_t")

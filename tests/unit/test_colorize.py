@@ -15,7 +15,7 @@ from conftest import FakeStream
 
 from monstack import _colorize
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 COLOR_VARS = ("PYTHON_COLORS", "NO_COLOR", "FORCE_COLOR", "TERM", "MONSTACK_COLOR")
 
 

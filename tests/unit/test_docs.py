@@ -1,7 +1,7 @@
 """The lists the docs copy from the code, checked against the code (coverage.py keeps its
 docs in step with cog; here the tests read the tables and compare).
 
-- docs/design.md's layer table against ``LAYERS`` in tests/test_layers.py;
+- docs/design.md's layer table against ``LAYERS`` in tests/unit/test_layers.py;
 - the ``MONSTACK_*`` tables (README.md, docs/configuration.md) against
   ``monstack._settings.SETTINGS`` and ``INTERNAL_VARS``;
 - the propagation points' tables (README.md "Automatic", docs/origins.md, and the list in
@@ -18,7 +18,7 @@ from pathlib import Path
 import monstack
 from monstack import _settings
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 _CELL_SPLIT = re.compile(r"(?<!\\)\|")
 _CODE = re.compile(r"`([^`]+)`")
@@ -28,7 +28,7 @@ def table_after(doc: str, heading: str) -> list[list[str]]:
     """The rows (cells stripped, header and rule left out) of the first Markdown table
     after the line ``heading`` in ``doc`` (a path below the repository's root)."""
     lines = (ROOT / doc).read_text(encoding="utf-8").splitlines()
-    assert heading in lines, f"{doc}: no line {heading!r} (renamed? update tests/test_docs.py)"
+    assert heading in lines, f"{doc}: no line {heading!r} (renamed? update tests/unit/test_docs.py)"
     rows: list[list[str]] = []
     for line in lines[lines.index(heading) + 1:]:
         if line.startswith("#") and not rows:
@@ -58,7 +58,7 @@ def test_the_layer_table_is_the_layer_test():
     for i, (row, layer) in enumerate(zip(rows, LAYERS)):
         listed = names_in(row[1])
         assert sorted(listed) == sorted(layer), (
-            f"docs/design.md, layer L{i}: lists {sorted(listed)}, tests/test_layers.py has {sorted(layer)}"
+            f"docs/design.md, layer L{i}: lists {sorted(listed)}, tests/unit/test_layers.py has {sorted(layer)}"
         )
         assert len(listed) == len(set(listed)), f"docs/design.md, layer L{i}: a module listed twice"
 

@@ -22,7 +22,7 @@ from monstack import _dump, _threads
 from conftest import FakeStream, integration_module
 from test_threads import Parked
 
-PROGRAMS = Path(__file__).resolve().parent / "programs"
+PROGRAMS = Path(__file__).resolve().parents[1] / "programs"
 
 
 @pytest.fixture(autouse=True)

@@ -18,7 +18,7 @@ import monstack
 from monstack import MonstackWarning, _dump, _dumpproto, _dumpsig, _errors
 
 LINUX = sys.platform.startswith("linux")
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.skipif(not hasattr(signal, "SIGUSR1"), reason="POSIX signals")
 

@@ -64,7 +64,7 @@ def test_tail_call_interp_is_read_when_asked_and_agrees_with_sysconfig():
 
 # -- version facts live in _env -------------------------------------------------------------
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 #: Modules whose source also runs alone in another interpreter, where ``monstack._env``
 #: cannot be imported: they name their own few version facts, in module-level constants

@@ -26,7 +26,7 @@ from stackcheck import Mismatch, check, library_module, real_records, shadow_rec
 import monstack
 from monstack import _capture, _env, _native, _select, _stack
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 IS_311 = _env.CPYTHON and sys.version_info[:2] == (3, 11)
 
 pytestmark = pytest.mark.skipif(not IS_311, reason="the eval_frame shim is for CPython 3.11 only")
@@ -970,7 +970,7 @@ def test_keyboard_interrupt_in_the_policy_callback_reaches_user_code(monkeypatch
 
 
 def test_lasti_ints_is_the_shims():
-    with open(os.path.join(os.path.dirname(__file__), "..", "native", "shim311.h")) as f:
+    with open(os.path.join(os.path.dirname(__file__), "..", "..", "native", "shim311.h")) as f:
         header = f.read()
     assert f"#define MS_LASTI_INTS {_evalframe.LASTI_INTS}\n" in header
 

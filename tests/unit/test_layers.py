@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parent.parent / "monstack"
+PACKAGE = Path(__file__).resolve().parents[2] / "monstack"
 
 #: The layering docs/design.md draws, bottom first. A module may import modules of its own
 #: layer or of a lower one, never of a higher one.
@@ -95,7 +95,7 @@ def layer_of(mod: str) -> int:
     for i, layer in enumerate(LAYERS):
         if mod in layer:
             return i
-    raise AssertionError(f"monstack/{mod}: not in any layer of tests/test_layers.py (add it where it belongs)")
+    raise AssertionError(f"monstack/{mod}: not in any layer of tests/unit/test_layers.py (add it where it belongs)")
 
 
 def find_cycle(g: dict[str, set[str]]) -> list[str]:

@@ -16,7 +16,7 @@ import pytest
 
 from monstack import MonstackWarning, _errors, _settings
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 ID = re.compile(r"monstack(-[a-z]+)+")
 #: The functions of _errors that take an id as their first argument.
 TAKE_AN_ID = {"warn", "warn_once", "message"}

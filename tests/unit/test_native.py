@@ -26,7 +26,7 @@ import pytest
 
 from monstack import _cdata, _env, _native
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 NATIVE_SRC = os.path.join(ROOT, "native")
 BLOBS = ("sysmon312", "sysmon313", "sysmon314", "sysmon315", "evalframe311")
 TOP_KEYS = {"format", "name", "python", "headers", "sources", "arches"}

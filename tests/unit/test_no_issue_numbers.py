@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 WHERE = ("tests", "bench", "tools")
 
 #: The project's own issue numbers: "issue NN", "Issues NN, MM", "issue #NN", and a bare

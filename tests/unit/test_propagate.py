@@ -1024,7 +1024,7 @@ def test_install_does_not_import_asyncio_or_process_pools_but_patches_them_on_im
             type(f).__name__ == "_PostImportHook" for f in sys.meta_path)
         """
     )
-    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 0, out.stderr
     created = [i for i, line in enumerate(code.splitlines(), 1) if "@created" in line][0]
@@ -1493,7 +1493,7 @@ def test_a_thread_started_at_interpreter_shutdown_fails_as_without_monstack(how,
     start = "_thread.start_new_thread(work, ())" if how == "start_new_thread" else "threading.Thread(target=work).start()"
     program = tmp_path / "prog.py"
     program.write_text(AT_SHUTDOWN.format(module="_thread" if how == "start_new_thread" else "threading", start=start))
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     outs = []
     for on in ("0", "1"):
         env = dict(os.environ, PYTHONPATH=root, MONSTACK=on)

@@ -15,7 +15,7 @@ from monstack import _run
 
 from conftest import expected_backend
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def run(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess:

@@ -132,7 +132,7 @@ def test_known_and_internal_variables_are_not_misspellings():
     assert _settings.read_env(env).problems == []
     from pathlib import Path
 
-    documented = (Path(__file__).resolve().parent.parent / "docs" / "configuration.md").read_text()
+    documented = (Path(__file__).resolve().parents[2] / "docs" / "configuration.md").read_text()
     for var in _settings.INTERNAL_VARS:  # each one is documented as a developer's variable
         assert f"`{var}`" in documented
 
@@ -155,7 +155,7 @@ def test_the_distance_counts_a_swap_as_one():
 
 def _start(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
     environ = {k: v for k, v in os.environ.items() if not k.startswith("MONSTACK")}
-    root = os.path.join(os.path.dirname(__file__), "..")
+    root = os.path.join(os.path.dirname(__file__), "..", "..")
     environ["PYTHONPATH"] = os.pathsep.join([os.path.join(root, "monstack", "_boot"), root])  # this tree's
     environ.update(env)
     return subprocess.run([sys.executable, *args, "-c", "pass"], env=environ, capture_output=True, text=True, timeout=120)

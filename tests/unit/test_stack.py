@@ -610,7 +610,7 @@ def test_finalizer_programs(program):
     eval_frame function). Every snapshot is right and nothing is reported."""
     import subprocess
 
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     script = os.path.join(root, "tests", "programs", program + ".py")
     env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
     out = subprocess.run([sys.executable, script], capture_output=True, text=True, env=env, timeout=120)
