@@ -829,7 +829,7 @@ def _targets() -> dict[str, list[tuple[Any, str]]]:
     import multiprocessing.process
 
     trio_targets: list[tuple[Any, str]] = []
-    try:  # the trio point's targets, where trio is installed (tests/test_trio.py uses it)
+    try:  # the trio point's targets, where trio is installed (tests/integration/test_trio.py uses it)
         import trio._core._run
         import trio._threads
         import trio.to_thread
@@ -847,7 +847,7 @@ def _targets() -> dict[str, list[tuple[Any, str]]]:
     else:
         celery_targets = [(celery.app.trace.TraceInfo, "handle_failure"), (celery.result.AsyncResult, "get")]
     dask_targets: list[tuple[Any, str]] = []
-    try:  # the dask point's targets, where distributed is installed (tests/test_dask.py uses it)
+    try:  # the dask point's targets, where distributed is installed (tests/integration/test_dask.py uses it)
         import distributed.client
     except ImportError:
         pass
@@ -855,7 +855,7 @@ def _targets() -> dict[str, list[tuple[Any, str]]]:
         dask_targets = [(distributed.client.Client, a) for a in ("submit", "map", "_release_key")]
         dask_targets.append((distributed.client.FutureState, "set_error"))
     rq_targets: list[tuple[Any, str]] = []
-    try:  # the rq point's targets, where rq is installed (tests/test_rq.py uses it)
+    try:  # the rq point's targets, where rq is installed (tests/integration/test_rq.py uses it)
         import rq.job
         import rq.worker
     except ImportError:
@@ -880,7 +880,7 @@ def _targets() -> dict[str, list[tuple[Any, str]]]:
         "celery": celery_targets,
         "dask": dask_targets,
         "rq": rq_targets,
-        "sentry": [],  # patches nothing: a global event processor (tests/test_sentry.py)
+        "sentry": [],  # patches nothing: a global event processor (tests/integration/test_sentry.py)
     }
 
 
@@ -1390,7 +1390,7 @@ def test_asyncio_run_in_executor_with_an_interpreter_pool(installed):
     assert_created_at(origin_of(asyncio.run(main())), "rie-interp")
 
 
-# -- composing with other patchers (the real packages: tests/test_patchers.py) ----------------
+# -- composing with other patchers (the real packages: tests/integration/test_patchers.py) ----------------
 
 
 class _Descriptor:
