@@ -1,5 +1,5 @@
 """monstack and other patchers of threads and pools, with the real packages: Sentry's
-threading integration, OpenTelemetry's threading instrumentation, wrapt, a
+threading integration (sentry-sdk 2.x and 3.x), OpenTelemetry's threading instrumentation, wrapt, a
 ``functools.wraps``-style patch and gevent's monkey-patching, each before and after
 ``monstack.install()`` and under ``MONSTACK=1``.
 
@@ -20,7 +20,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import integration_module
+from conftest import integration_module, other_release
 
 pytestmark = pytest.mark.integration
 
@@ -30,6 +30,7 @@ APP = os.path.join(ROOT, "tests", "programs", "patchers_app.py")
 #: The packages each tool needs (pyproject's ``integration`` extra).
 NEEDS = {
     "sentry": ("sentry_sdk",),
+    "sentry-3": (),  # sentry-sdk 3.x, installed beside the venv (conftest.other_release)
     "otel": ("opentelemetry.sdk", "opentelemetry.instrumentation.threading"),
     "wrapt": ("wrapt",),
     "wraps": (),
@@ -43,11 +44,21 @@ def run_app(tool: str, order: str) -> dict:
         integration_module(name)  # skipped with the reason where missing (a failure in CI)
     env = dict(os.environ, PYTHONPATH=ROOT)
     env.pop("MONSTACK", None)
+    if tool == "sentry-3":
+        # not in site-packages: monstack is told not to track it, as it would not track an installed one
+        where = other_release("sentry-sdk-3")
+        env.update(PYTHONPATH=os.pathsep.join((where, ROOT)), LIBRARY_DIR=where)
+        if order == "env":
+            env["MONSTACK_EXCLUDE"] = where
     if order == "env":
         env["MONSTACK"] = "1"
-    out = subprocess.run([sys.executable, APP, tool, order], capture_output=True, text=True, env=env, timeout=120)
+    name = "sentry" if tool == "sentry-3" else tool
+    out = subprocess.run([sys.executable, APP, name, order], capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    if name == "sentry":
+        assert res["version"].split(".")[0] == ("3" if tool == "sentry-3" else "2"), res["version"]
+    return res
 
 
 def has_line(lines: list, mark: str) -> bool:
@@ -55,7 +66,7 @@ def has_line(lines: list, mark: str) -> bool:
 
 
 def check_effect(tool: str, res: dict) -> None:
-    if tool == "sentry":
+    if tool in ("sentry", "sentry-3"):
         assert res["sentry_events"] == 1  # captured inside the thread
         assert res["sentry_tag"] == "main"  # with the scope of the thread that started it
     elif tool == "otel":

@@ -3,10 +3,13 @@ OpenTelemetry, wrapt, a functools.wraps-style patch, gevent) and monstack, in th
 ``argv[2]`` names; prints what it saw as JSON.
 
 ``python patchers_app.py TOOL ORDER`` with ORDER one of ``tool-first``, ``monstack-first``
-or ``env`` (monstack is already on: MONSTACK=1 installed it at start-up).
+or ``env`` (monstack is already on: MONSTACK=1 installed it at start-up). ``LIBRARY_DIR`` in
+the environment: a directory standing for site-packages (a tool installed with ``pip install
+--target``), which monstack is told not to track.
 """
 
 import json
+import os
 import sys
 
 TOOL, ORDER = sys.argv[1], sys.argv[2]
@@ -31,12 +34,14 @@ def tool_on() -> None:
     if TOOL == "sentry":
         import sentry_sdk
 
+        out["version"] = sentry_sdk.VERSION
+
         def before_send(event, hint):
             events.append(event)
             return None  # kept in this process: nothing is sent
 
         sentry_sdk.init(dsn="https://public@127.0.0.1:9/1", before_send=before_send, default_integrations=True,
-                        auto_enabling_integrations=False, transport=lambda envelope: None)
+                        auto_enabling_integrations=False)
         sentry_sdk.set_tag("where", "main")
     elif TOOL == "otel":
         from opentelemetry import trace
@@ -87,7 +92,8 @@ def tool_on() -> None:
 
 def monstack_on() -> None:
     if ORDER != "env":
-        monstack.install()
+        library = os.environ.get("LIBRARY_DIR")
+        monstack.install(exclude=[library] if library else ())
 
 
 def last_line(snap) -> list:
