@@ -1,12 +1,14 @@
 """monstack and other patchers of threads and pools, with the real packages: Sentry's
-threading integration (sentry-sdk 2.x and 3.x), OpenTelemetry's threading instrumentation, wrapt, a
+threading integration (sentry-sdk 2.x and 3.x), OpenTelemetry's threading and asyncio
+instrumentations (with the SDK and ``monstack.otel.OriginSpanProcessor``), wrapt, a
 ``functools.wraps``-style patch and gevent's monkey-patching, each before and after
 ``monstack.install()`` and under ``MONSTACK=1``.
 
 Each case runs ``tests/programs/patchers_app.py`` in a fresh interpreter (the tools patch
 for the whole process, Sentry once per process) and checks three things: the threads and
 jobs run; the other tool keeps its effect (Sentry captures the thread's exception with
-the starting thread's scope, OTel's context is current inside the thread and the job,
+the starting thread's scope, OTel's context is current inside the thread, the job and the
+task, the asyncio instrumentation's spans are made, children of the creator's span,
 wrapt's wrapper sees its instance); monstack's origins show. After ``uninstall()`` the
 work still runs, without origins, and the tool's effect stays (a patch laid over
 monstack's keeps working).
@@ -32,6 +34,7 @@ NEEDS = {
     "sentry": ("sentry_sdk",),
     "sentry-3": (),  # sentry-sdk 3.x, installed beside the venv (conftest.other_release)
     "otel": ("opentelemetry.sdk", "opentelemetry.instrumentation.threading"),
+    "otel-asyncio": ("opentelemetry.sdk", "opentelemetry.instrumentation.asyncio"),
     "wrapt": ("wrapt",),
     "wraps": (),
     "gevent": ("gevent",),
@@ -65,12 +68,28 @@ def has_line(lines: list, mark: str) -> bool:
     return any(mark in line for line in lines)
 
 
-def check_effect(tool: str, res: dict) -> None:
+def site(mark: str) -> str:
+    """``patchers_app.py:LINE`` of the line ending with ``mark``."""
+    with open(APP) as f:
+        [line] = [i for i, text in enumerate(f, 1) if text.rstrip().endswith(mark)]
+    return f"patchers_app.py:{line}"
+
+
+def check_effect(tool: str, res: dict, label: str) -> None:
     if tool in ("sentry", "sentry-3"):
         assert res["sentry_events"] == 1  # captured inside the thread
         assert res["sentry_tag"] == "main"  # with the scope of the thread that started it
     elif tool == "otel":
         assert res["effect_is_parent"] and res["job_effect_is_parent"]
+    elif tool == "otel-asyncio":
+        # the tasks ran in the creator's context, and the instrumentation's spans were made,
+        # children of the span current where the task was created, the failing one an error
+        assert res["task_value"] == 7 and res["to_thread_value"] == 8 and res["task_error"] == f"boom-task-{label}"
+        assert res["task_effect_is_parent"]
+        spans = res["spans"]
+        assert sorted(spans) == ["asyncio coro-task_fail", "asyncio coro-task_ok", "asyncio to_thread-in_thread"]
+        assert all(span["parent_is_parent"] for span in spans.values()), spans
+        assert [name for name, span in spans.items() if span["error"]] == ["asyncio coro-task_fail"]
     elif tool in ("wrapt", "wraps"):
         # their wrapper saw the instance: 3 starts (2 threads, the pool's worker), 2 submits
         assert res["seen"] == {"start": [True, True, True], "submit": [True, True]}
@@ -91,9 +110,18 @@ def test_monstack_composes_with_another_patcher(tool, order):
     assert has_line(on["thread_origin"], "# @thread-ok"), on
     assert has_line(on["thread_fail_origin"], "# @thread-fail"), on
     assert has_line(on["job_origin"], "# @submit-fail"), on
-    check_effect(tool, on)
+    check_effect(tool, on, "on")
+    if tool == "otel-asyncio":  # the tasks' origins, and OriginSpanProcessor on each first span
+        assert has_line(on["task_origin"], "# @task-ok") and has_line(on["task_fail_origin"], "# @task-fail"), on
+        assert has_line(on["to_thread_origin"], "# @to-thread"), on
+        assert {name: span["site"] for name, span in on["spans"].items()} == {
+            "asyncio coro-task_ok": site("# @task-ok"), "asyncio coro-task_fail": site("# @task-fail"),
+            "asyncio to_thread-in_thread": site("# @to-thread")}
     if order != "env":
         off = res["after_uninstall"]
         assert off["job_value"] == 42 and off["thread_failed"] == ["boom-thread-off"]
         assert off["thread_origin"] == off["thread_fail_origin"] == off["job_origin"] == []
-        check_effect(tool, off)
+        check_effect(tool, off, "off")
+        if tool == "otel-asyncio":
+            assert off["task_origin"] == off["task_fail_origin"] == off["to_thread_origin"] == []
+            assert all(span["site"] is None for span in off["spans"].values())
