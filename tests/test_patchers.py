@@ -1,7 +1,8 @@
 """monstack and other patchers of threads and pools, with the real packages: Sentry's
 threading integration (sentry-sdk 2.x and 3.x), OpenTelemetry's threading and asyncio
 instrumentations (with the SDK and ``monstack.otel.OriginSpanProcessor``), wrapt, a
-``functools.wraps``-style patch and gevent's monkey-patching, each before and after
+``functools.wraps``-style patch, gevent's monkey-patching and ddtrace's futures patching
+(which rewrites ``ThreadPoolExecutor.submit``'s code in place), each before and after
 ``monstack.install()`` and under ``MONSTACK=1``.
 
 Each case runs ``tests/programs/patchers_app.py`` in a fresh interpreter (the tools patch
@@ -38,7 +39,28 @@ NEEDS = {
     "wrapt": ("wrapt",),
     "wraps": (),
     "gevent": ("gevent",),
+    "ddtrace": (),  # not imported here (see needs_ddtrace)
 }
+#: ddtrace's environment: no agent (its writer fails to connect to a closed loopback port
+#: and drops the traces), no telemetry or remote configuration.
+DDTRACE_ENV = {"DD_TRACE_AGENT_URL": "http://127.0.0.1:9", "DD_INSTRUMENTATION_TELEMETRY_ENABLED": "false",
+               "DD_REMOTE_CONFIGURATION_ENABLED": "false", "DD_TRACE_STARTUP_LOGS": "false"}
+
+
+def needs_ddtrace() -> None:
+    """ddtrace (pyproject's ``integration`` extra where it has wheels: CPython 3.11 to 3.14;
+    it has none for 3.15 and does not build from source there, so its test skips there even
+    in CI). Looked up, not imported: importing it in the test process starts its services."""
+    import importlib.util
+
+    if importlib.util.find_spec("ddtrace") is not None:
+        return
+    reason = "ddtrace is not installed here; pip install -e '.[integration]'"
+    if sys.version_info >= (3, 15):
+        pytest.skip("ddtrace has no wheel for CPython 3.15 (and does not build from source here)")
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"{reason}: CI requires it", pytrace=False)
+    pytest.skip(reason)
 ORDERS = ("tool-first", "monstack-first", "env")
 
 
@@ -46,6 +68,9 @@ def run_app(tool: str, order: str) -> dict:
     for name in NEEDS[tool]:
         integration_module(name)  # skipped with the reason where missing (a failure in CI)
     env = dict(os.environ, PYTHONPATH=ROOT)
+    if tool == "ddtrace":
+        needs_ddtrace()
+        env.update(DDTRACE_ENV)
     env.pop("MONSTACK", None)
     if tool == "sentry-3":
         # not in site-packages: monstack is told not to track it, as it would not track an installed one
@@ -93,6 +118,8 @@ def check_effect(tool: str, res: dict, label: str) -> None:
     elif tool in ("wrapt", "wraps"):
         # their wrapper saw the instance: 3 starts (2 threads, the pool's worker), 2 submits
         assert res["seen"] == {"start": [True, True, True], "submit": [True, True]}
+    elif tool == "ddtrace":
+        assert res["job_effect_is_parent"]  # its trace context carried into the pool's job
     elif tool == "gevent":
         assert res["gevent_patched"]
 

@@ -71,6 +71,13 @@ def tool_on() -> None:
 
             AsyncioInstrumentor().instrument()
         otel.update(trace=trace, tracer=trace.get_tracer("patchers"), exporter=exporter)
+    elif TOOL == "ddtrace":
+        import ddtrace
+        from ddtrace.trace import tracer
+
+        ddtrace.patch(futures=True)  # ThreadPoolExecutor.submit, rewritten in place (its __code__)
+        out["version"] = ddtrace.__version__
+        otel.update(tracer=tracer)
     elif TOOL == "wrapt":
         import wrapt
 
@@ -120,6 +127,9 @@ def thread_effect() -> object:
     """What the other tool makes visible inside the work."""
     if TOOL in ("otel", "otel-asyncio"):
         return otel["trace"].get_current_span().get_span_context().span_id
+    if TOOL == "ddtrace":
+        context = otel["tracer"].current_trace_context()
+        return context.span_id if context is not None else None
     return None
 
 
@@ -179,6 +189,9 @@ def run_work(label: str) -> dict:
         otel["exporter"].clear()
         span_cm = otel["tracer"].start_as_current_span(f"parent-{label}")
         parent = span_cm.__enter__()
+    elif TOOL == "ddtrace":
+        span_cm = otel["tracer"].trace(f"parent-{label}")
+        parent = span_cm.__enter__()
     try:
         t = threading.Thread(target=ok)
         t.start()  # @thread-ok
@@ -196,7 +209,7 @@ def run_work(label: str) -> dict:
         if TOOL == "otel-asyncio":
             tasks = run_tasks(label)
     finally:
-        if TOOL in ("otel", "otel-asyncio"):
+        if TOOL in ("otel", "otel-asyncio", "ddtrace"):
             span_cm.__exit__(None, None, None)
     res = {
         "thread_origin": got.get("origin", []),
@@ -217,6 +230,8 @@ def run_work(label: str) -> dict:
                     "error": span.status.status_code.name == "ERROR",
                     "site": span.attributes.get("monstack.created_at"),
                 }
+    if TOOL == "ddtrace":
+        res["job_effect_is_parent"] = got.get("job_effect") == parent.span_id
     if TOOL in ("otel", "otel-asyncio"):
         res["effect_is_parent"] = got.get("effect") == parent.get_span_context().span_id
         res["job_effect_is_parent"] = got.get("job_effect") == parent.get_span_context().span_id
