@@ -127,7 +127,9 @@ def engine_module(name: str):
 #: major version): name -> pip requirement. Installed once per CPython with
 #: ``pip install --target`` into a cache below ``.venvs/`` (see :func:`other_release`).
 OTHER_RELEASES = {
-    "sentry-sdk-3": "sentry-sdk>=3,<4",
+    "sentry-sdk-3": ("sentry-sdk>=3,<4",),
+    # what trio's own test suite imports beyond trio (its test requirements), where the venv lacks them
+    "trio-test-deps": ("trustme>=1.0", "astor>=0.8"),
 }
 CACHE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".venvs", "cache")
 
@@ -145,13 +147,13 @@ def other_release(name: str) -> str:
         os.makedirs(CACHE, exist_ok=True)
         partial = tempfile.mkdtemp(prefix=f"{name}-", dir=CACHE)
         res = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check",
-                              "--no-input", "--target", partial, OTHER_RELEASES[name]],
+                              "--no-input", "--target", partial, *OTHER_RELEASES[name]],
                              capture_output=True, text=True, timeout=600)
         if res.returncode != 0:
             import shutil
 
             shutil.rmtree(partial, ignore_errors=True)
-            reason = f"pip could not install {OTHER_RELEASES[name]!r}: {res.stderr.strip()[-500:]}"
+            reason = f"pip could not install {' '.join(OTHER_RELEASES[name])}: {res.stderr.strip()[-500:]}"
             if os.environ.get("CI") == "true":
                 pytest.fail(f"{reason}: CI requires it", pytrace=False)
             pytest.skip(reason)

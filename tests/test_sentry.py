@@ -9,18 +9,16 @@ integrations patch threading for good)."""
 
 from __future__ import annotations
 
-import gzip
 import json
 import os
 import subprocess
 import sys
-import threading
-from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
 import pytest
 
 from conftest import integration_module, other_release
+from sentry_server import events_of, receiving
 
 pytestmark = pytest.mark.integration
 integration_module("sentry_sdk")
@@ -120,38 +118,10 @@ def test_in_app_follows_the_clients_project_root(sdk):
     assert frame.get("in_app") is not True
 
 
-class _Envelopes(BaseHTTPRequestHandler):
-    received: list[bytes] = []
-
-    def do_POST(self) -> None:  # noqa: N802 (http.server's name)
-        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        if self.headers.get("Content-Encoding") == "gzip":
-            body = gzip.decompress(body)
-        type(self).received.append(body)
-        self.send_response(200)
-        self.end_headers()
-        self.wfile.write(b"{}")
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
 def test_envelopes_sent_to_a_loopback_server_carry_the_origin(sdk):
-    server = HTTPServer(("127.0.0.1", 0), _Envelopes)
-    _Envelopes.received = []
-    serving = threading.Thread(target=server.serve_forever, daemon=True)
-    serving.start()
-    try:
-        run(sdk, "sentry-first", f"http://public@127.0.0.1:{server.server_port}/1")
-    finally:
-        server.shutdown()
-        server.server_close()
-    events = []
-    for body in _Envelopes.received:
-        lines = body.split(b"\n")
-        for header, payload in zip(lines[1::2], lines[2::2]):
-            if json.loads(header).get("type") == "event":
-                events.append(json.loads(payload))
+    with receiving() as (dsn, bodies):
+        run(sdk, "sentry-first", dsn)
+    events = events_of(bodies)
     tagged = [e for e in events if (e.get("tags") or {}).get("monstack.created_at")]
     sites = sorted(e["tags"]["monstack.created_at"] for e in tagged)
     assert sites == sorted(f"sentry_app.py:{_lineno(line)}" for line in LINES.values()), sites
