@@ -129,7 +129,7 @@ def engine_module(name: str):
 OTHER_RELEASES = {
     "sentry-sdk-3": ("sentry-sdk>=3,<4",),
     # what trio's own test suite imports beyond trio (its test requirements), where the venv lacks them
-    "trio-test-deps": ("trustme>=1.0", "astor>=0.8"),
+    "trio-test-deps": ("trustme>=1.0", "pyOpenSSL>=24.0"),
 }
 CACHE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".venvs", "cache")
 
