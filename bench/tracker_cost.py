@@ -10,7 +10,9 @@
 
 Method: each figure is the best of two timed runs of at least 15 ms after a warm-up, the
 modes interleaved round by round; the ratio is the median of the per-round ratios, with
-[min-max]. Needs sentry-sdk and opentelemetry-sdk.
+[min-max]. Needs sentry-sdk and opentelemetry-sdk. Another sentry-sdk goes first on
+PYTHONPATH (it is not tracked, as an installed one would not be), e.g. the 3.x the tests
+install: ``PYTHONPATH=.venvs/cache/sentry-sdk-3-cpython-312:.``.
 
     PYTHONPATH=. python3.12 bench/tracker_cost.py [ROUNDS]
 """
@@ -18,6 +20,7 @@ modes interleaved round by round; the ratio is the median of the per-round ratio
 from __future__ import annotations
 
 import concurrent.futures
+import os
 import statistics
 import sys
 import time
@@ -84,8 +87,11 @@ def sentry(rounds: int) -> None:
     everything = [p for p in monstack.PROPAGATION_POINTS]
     without = [p for p in everything if p != "sentry"]
 
+    sdk_home = os.path.dirname(os.path.dirname(os.path.abspath(sentry_sdk.__file__)))
+    print(f"sentry-sdk {sentry_sdk.VERSION}")
+
     def setup(on: bool) -> None:
-        monstack.install(propagate=everything if on else without)
+        monstack.install(propagate=everything if on else without, exclude=[sdk_home])
 
     _measure({
         "sentry: capture_exception, exception with an origin": (

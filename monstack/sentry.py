@@ -17,7 +17,7 @@ from __future__ import annotations
 try:
     from sentry_sdk.integrations import Integration
 except ImportError as exc:  # the integration is for programs that use Sentry
-    raise ImportError(f"monstack.sentry needs sentry-sdk 2.x (pip install sentry-sdk): {exc}") from None
+    raise ImportError(f"monstack.sentry needs sentry-sdk 2.x or 3.x (pip install sentry-sdk): {exc}") from None
 
 from ._points.sentry import TAG, process
 

@@ -121,3 +121,46 @@ def engine_module(name: str):
         if os.environ.get("CI") == "true":
             pytest.fail(f"{reason}: CI requires it", pytrace=False)
         pytest.skip(reason, allow_module_level=True)
+
+
+#: Releases of another tool that the venvs do not hold (the ``integration`` extra pins one
+#: major version): name -> pip requirement. Installed once per CPython with
+#: ``pip install --target`` into a cache below ``.venvs/`` (see :func:`other_release`).
+OTHER_RELEASES = {
+    "sentry-sdk-3": ("sentry-sdk>=3,<4",),
+    # what trio's own test suite imports beyond trio (its test requirements), where the venv lacks them
+    "trio-test-deps": ("trustme>=1.0", "pyOpenSSL>=24.0"),
+}
+CACHE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".venvs", "cache")
+
+
+def other_release(name: str) -> str:
+    """The directory holding ``OTHER_RELEASES[name]`` for this CPython, installed there on
+    first use (``pip install --target``, with its dependencies): subprocesses put it first on
+    ``PYTHONPATH``. Where pip cannot install it, the test skips with the reason, except in CI
+    (``CI=true``), where that is a failure."""
+    import subprocess
+    import tempfile
+
+    where = os.path.join(CACHE, f"{name}-{sys.implementation.cache_tag}")
+    if not os.path.isdir(where):
+        os.makedirs(CACHE, exist_ok=True)
+        partial = tempfile.mkdtemp(prefix=f"{name}-", dir=CACHE)
+        res = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check",
+                              "--no-input", "--target", partial, *OTHER_RELEASES[name]],
+                             capture_output=True, text=True, timeout=600)
+        if res.returncode != 0:
+            import shutil
+
+            shutil.rmtree(partial, ignore_errors=True)
+            reason = f"pip could not install {' '.join(OTHER_RELEASES[name])}: {res.stderr.strip()[-500:]}"
+            if os.environ.get("CI") == "true":
+                pytest.fail(f"{reason}: CI requires it", pytrace=False)
+            pytest.skip(reason)
+        try:
+            os.rename(partial, where)
+        except OSError:  # another run installed it meanwhile
+            import shutil
+
+            shutil.rmtree(partial, ignore_errors=True)
+    return where

@@ -119,15 +119,23 @@ def patch(owner: Any, attr: str, make: Callable[[Any], Any], inherited: bool = F
         pass
     setattr(owner, attr, replacement)
     PATCHES.append((owner, attr, original, replacement))
+    CODES[id(replacement)] = getattr(replacement, "__code__", None)
+
+
+#: id(replacement) -> its code when made: a tool that wraps a function in place (ddtrace
+#: rewrites ``__code__``) has laid its patch over ours without replacing the attribute.
+CODES: dict[int, Any] = {}
 
 
 def undo() -> None:
     """Put the identical originals back wherever our replacement is still in place (a
-    patch laid over ours stays: ours then only calls through)."""
+    patch laid over ours stays: ours then only calls through; so does ours when another
+    tool rewrote its code in place)."""
     while PATCHES:
         owner, attr, original, replacement = PATCHES.pop()
         try:
-            if owner.__dict__.get(attr) is replacement:
+            if owner.__dict__.get(attr) is replacement and getattr(replacement, "__code__", None) is CODES.get(
+                    id(replacement), getattr(replacement, "__code__", None)):
                 if (owner, attr) in INHERITED:
                     delattr(owner, attr)  # it was the base class's: show that one again
                 else:
@@ -135,6 +143,7 @@ def undo() -> None:
         except Exception:
             pass
     INHERITED.clear()
+    CODES.clear()
 
 
 def binder(original: Any) -> Callable[..., Any]:

@@ -10,6 +10,7 @@ the reason, and fail in CI."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -23,7 +24,7 @@ from typing import Any, Iterator
 import pytest
 
 import stackcheck
-from conftest import engine_module
+from conftest import engine_module, integration_module
 
 import monstack
 from monstack import _propagate
@@ -289,14 +290,12 @@ class Worker:
 WORKERS = [("prefork", "json", 1), ("solo", "pickle", 2)]
 
 
-@pytest.fixture(scope="module", params=WORKERS, ids=[f"{p}-{s}" for p, s, _db in WORKERS])
-def worker(request, redis_port, tmp_path_factory) -> Iterator[Worker]:
-    pool, serializer, db = request.param
-    url = f"redis://127.0.0.1:{redis_port}/{db}"
-    log = str(tmp_path_factory.mktemp(f"celery-{pool}") / "worker.log")
+@contextlib.contextmanager
+def running_worker(pool: str, serializer: str, url: str, log: str, **env_extra: str) -> Iterator[Worker]:
+    """A ``celery worker`` (MONSTACK=1) of ``pool`` on the broker ``url``, answering already."""
     # notes mode: the worker's log ("Task ... raised unexpected") prints the exception itself
     env = dict(os.environ, MONSTACK="1", MONSTACK_NOTES="1", CT_BROKER=url, CT_RESULT_SERIALIZER=serializer,
-               PYTHONPATH=os.pathsep.join([PROGRAMS] + sys.path))
+               PYTHONPATH=os.pathsep.join([PROGRAMS] + sys.path), **env_extra)
     cmd = [sys.executable, "-m", "celery", "-A", "celery_app", "worker", "-P", pool, "-c", "1", "-l", "INFO",
            "--without-gossip", "--without-mingle", "--without-heartbeat", "-n", f"{pool}@%h"]
     with open(log, "w") as out:
@@ -322,6 +321,14 @@ def worker(request, redis_port, tmp_path_factory) -> Iterator[Worker]:
             proc.kill()
             proc.wait()
         client.close()
+
+
+@pytest.fixture(scope="module", params=WORKERS, ids=[f"{p}-{s}" for p, s, _db in WORKERS])
+def worker(request, redis_port, tmp_path_factory) -> Iterator[Worker]:
+    pool, serializer, db = request.param
+    log = str(tmp_path_factory.mktemp(f"celery-{pool}") / "worker.log")
+    with running_worker(pool, serializer, f"redis://127.0.0.1:{redis_port}/{db}", log) as w:
+        yield w
 
 
 @pytest.fixture
@@ -430,3 +437,28 @@ def test_an_eager_tasks_headers_published_from_inside_it(installed):
     value = sent[-1][_celery.HEADER]
     assert type(value) is dict
     assert_created_at(monstack.Snapshot.from_portable(json.loads(value["snapshot"])), "eager-pub")
+
+
+@pytest.mark.integration
+def test_a_sentry_event_from_a_prefork_worker_carries_the_submitting_line(redis_port, tmp_path, installed):
+    """End to end: Sentry's CeleryIntegration in the worker (prefork, MONSTACK=1) captures the
+    task's failure in the pool's child and sends it to a loopback Sentry: the event names
+    the line that submitted the task, and its value holds no monstack text."""
+    integration_module("sentry_sdk")
+    from sentry_server import events_of, receiving
+
+    with receiving() as (dsn, bodies):
+        url = f"redis://127.0.0.1:{redis_port}/3"
+        with running_worker("prefork", "json", url, str(tmp_path / "worker.log"), CT_SENTRY_DSN=dsn) as w:
+            result = w.task("boom").delay("sentry")  # @sentry-delay
+            with pytest.raises(ValueError, match="^boom sentry$"):
+                result.get(timeout=60)
+            deadline = time.monotonic() + 60
+            while not [e for e in events_of(list(bodies)) if e.get("exception")] and time.monotonic() < deadline:
+                time.sleep(0.1)
+    [event] = [e for e in events_of(bodies) if e.get("exception")]
+    value = event["exception"]["values"][-1]
+    assert value["value"] == "boom sentry" and value["mechanism"]["type"] == "celery", value
+    assert event["tags"]["monstack.created_at"] == f"{THIS}:{line_of('sentry-delay')}"
+    [entry] = [t for t in event["threads"]["values"] if t["id"].startswith("monstack-origin-")]
+    assert entry["stacktrace"]["frames"][-1]["abs_path"] == THIS_FILE

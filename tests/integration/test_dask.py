@@ -5,13 +5,15 @@ module: the workers boot monstack themselves, from ``MONSTACK=1`` in their envir
 from __future__ import annotations
 
 import functools
+import json
 import operator
 import os
+import subprocess
 import sys
 import warnings
 
 import pytest
-from conftest import engine_module
+from conftest import engine_module, integration_module
 
 distributed = engine_module("distributed")
 
@@ -263,3 +265,23 @@ def test_a_worker_that_dies_mid_task_shows_the_origin_on_killedworker(client):
     exc = _raised(client.submit(tasks.die, 6))  # @dies
     assert type(exc).__name__ == "KilledWorker"
     assert f'line {line_of("dies")}, in test_a_worker' in notes(exc)
+
+
+@pytest.mark.integration
+def test_a_sentry_event_of_a_task_failed_on_a_worker_process_carries_the_submitting_line():
+    """End to end: a task fails on a worker process of a LocalCluster (MONSTACK=1 there and
+    in the program), ``future.result()`` re-raises it and the program reports it to Sentry:
+    the event names the line that submitted the task; its value holds no monstack text."""
+    integration_module("sentry_sdk")
+    program = os.path.join(os.path.dirname(THIS), "programs", "dask_sentry.py")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MONSTACK", "SENTRY_"))}
+    env.update(MONSTACK="1", PYTHONPATH=os.pathsep.join([os.path.dirname(THIS)] + sys.path))
+    out = subprocess.run([sys.executable, program], capture_output=True, text=True, env=env, timeout=180,
+                         cwd=os.path.dirname(program))
+    assert out.returncode == 0, out.stderr[-3000:]
+    [event] = json.loads(out.stdout.strip().splitlines()[-1])
+    value = event["exception"]["values"][-1]
+    assert value["value"] == "task failed on 3", value
+    assert event["tags"]["monstack.created_at"] == f"dask_sentry.py:{tasks.line_of('sentry-submit', program)}"
+    [entry] = [t for t in event["threads"]["values"] if t["id"].startswith("monstack-origin-")]
+    assert entry["stacktrace"]["frames"][-1]["abs_path"] == program

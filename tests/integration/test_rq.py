@@ -26,7 +26,7 @@ from typing import Any, Iterator, Optional
 import pytest
 
 import stackcheck
-from conftest import engine_module
+from conftest import engine_module, integration_module
 
 import monstack
 from monstack import _propagate
@@ -281,6 +281,29 @@ def test_a_failing_jobs_stored_traceback_shows_the_enqueue_line(conn, redis_url,
     assert there.latest_result().return_value == [[THIS, line_of("where")]]
     if kind != "simple":  # the worker's own log has it too
         assert where_in(log, "enqueue") in log
+
+
+def test_a_sentry_event_from_a_forking_worker_carries_the_enqueue_line(conn, redis_url, installed):
+    """End to end: Sentry's RqIntegration in a forking worker (MONSTACK=1) captures the
+    failure in the work horse and sends it to a loopback Sentry: the event names the line
+    that enqueued the job."""
+    integration_module("sentry_sdk")
+    from sentry_server import events_of, receiving
+
+    q = queue(conn)
+    q.enqueue(rq_jobs.boom, "sentry")  # @sentry-enqueue
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MONSTACK", "SENTRY_"))}
+    env.update(MONSTACK="1", PYTHONPATH=os.pathsep.join([PROGRAMS] + sys.path))
+    with receiving() as (dsn, bodies):
+        out = subprocess.run([sys.executable, os.path.join(PROGRAMS, "rq_sentry_worker.py"), redis_url, q.name, dsn],
+                             capture_output=True, text=True, env=env, cwd=PROGRAMS, timeout=120)
+        assert out.returncode == 0, out.stderr[-3000:]
+    [event] = [e for e in events_of(bodies) if e.get("exception")]
+    assert event["exception"]["values"][-1]["value"] == "boom sentry"  # no monstack text in it
+    assert event["exception"]["values"][-1]["mechanism"]["type"] == "rq"
+    assert event["tags"]["monstack.created_at"] == f"{THIS}:{line_of('sentry-enqueue')}"
+    [entry] = [t for t in event["threads"]["values"] if t["id"].startswith("monstack-origin-")]
+    assert entry["stacktrace"]["frames"][-1]["abs_path"] == THIS_FILE
 
 
 def test_a_synchronous_queue(conn, installed):

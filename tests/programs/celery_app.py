@@ -71,3 +71,8 @@ def make_app(broker: str, result_serializer: str = "json", eager: bool = False) 
 
 
 app = make_app(os.environ.get("CT_BROKER", "memory://"), os.environ.get("CT_RESULT_SERIALIZER", "json"))
+if os.environ.get("CT_SENTRY_DSN"):  # a worker reporting to Sentry (the test's loopback server)
+    import sentry_sdk
+    from sentry_sdk.integrations.celery import CeleryIntegration
+
+    sentry_sdk.init(dsn=os.environ["CT_SENTRY_DSN"], integrations=[CeleryIntegration()])

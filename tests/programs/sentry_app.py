@@ -1,12 +1,15 @@
 """Sentry scenarios for tests/integration/test_sentry.py, run in a process of their own (Sentry's
 integrations patch threading for good): argv[1] is the order (``sentry-first``,
 ``monstack-first``, ``env``: monstack on by MONSTACK=1, Sentry imported later), argv[2] a
-DSN or ``none``; prints one JSON line per scenario: the events ``before_send`` kept."""
+DSN or ``none``; prints one JSON line per scenario: the events ``before_send`` kept.
+``LIBRARY_DIR`` in the environment: a directory standing for site-packages (sentry-sdk
+installed with ``pip install --target``), which monstack is told not to track."""
 
 import asyncio
 import concurrent.futures
 import json
 import logging
+import os
 import sys
 import threading
 
@@ -22,10 +25,20 @@ def keep(event, hint):
 def start_sentry(**options):
     import sentry_sdk
     from sentry_sdk.integrations.asyncio import AsyncioIntegration
+    from sentry_sdk.integrations.logging import LoggingIntegration
 
+    # log events from ERROR up (the default of 2.x; 3.x sends none unless asked)
     sentry_sdk.init(dsn=None if dsn == "none" else dsn, before_send=keep, default_integrations=True,
-                    integrations=[AsyncioIntegration()], **options)
+                    integrations=[AsyncioIntegration(), LoggingIntegration(event_level=logging.ERROR)], **options)
     return sentry_sdk
+
+
+def start_monstack():
+    import monstack
+
+    library = os.environ.get("LIBRARY_DIR")
+    monstack.install(exclude=[library] if library else ())
+    return monstack
 
 
 def job():
@@ -44,25 +57,26 @@ async def task():
     raise KeyError("failed in a task")
 
 
+async def captured_task():
+    raise LookupError("captured in a task")
+
+
 def emit(name):
     print(json.dumps({"scenario": name, "events": events}, default=str), flush=True)
     events.clear()
 
 
 if order == "monstack-first":
-    import monstack
-
-    monstack.install()
+    monstack = start_monstack()
     sentry_sdk = start_sentry(project_root=sys.argv[3] if len(sys.argv) > 3 else None)
 elif order == "sentry-first":
     sentry_sdk = start_sentry(project_root=sys.argv[3] if len(sys.argv) > 3 else None)
-    import monstack
-
-    monstack.install()
+    monstack = start_monstack()
 else:  # env: MONSTACK=1 started monstack; sentry_sdk is imported only now
     sentry_sdk = start_sentry()
     import monstack
 
+print(json.dumps({"scenario": "sdk", "events": [{"version": sentry_sdk.VERSION}]}), flush=True)
 t = threading.Thread(target=worker)
 t.start()  # the thread's creating line
 t.join()
@@ -91,6 +105,20 @@ import gc
 
 gc.collect()
 emit("task")
+
+
+async def main_with_the_integration():
+    from sentry_sdk.integrations.asyncio import enable_asyncio_integration
+
+    enable_asyncio_integration()  # Sentry's task factory: captures inside the task
+    captured = asyncio.get_running_loop().create_task(captured_task())  # the captured task's creating line
+    try:
+        await captured
+    except LookupError:
+        pass
+
+asyncio.run(main_with_the_integration())
+emit("task-captured")
 
 try:
     {}["no origin"]

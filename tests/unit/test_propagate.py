@@ -959,6 +959,32 @@ def test_patched_over_by_someone_else_then_uninstalled(thread_errors):
         threading.Thread.start = original
 
 
+def test_rewritten_in_place_by_someone_else_then_uninstalled():
+    """A tool that wraps a function by rewriting its ``__code__`` (ddtrace does) leaves the
+    attribute as it was: uninstall sees ours there with other code, and leaves it (putting
+    the original back would drop their wrapping); ours then only calls through. With the
+    real ddtrace: tests/integration/test_patchers.py."""
+    original = cf.ThreadPoolExecutor.submit
+    monstack.install()
+    ours = cf.ThreadPoolExecutor.submit
+    assert ours is not original
+    ours.__code__ = ours.__code__.replace(co_name="rewritten")  # same behaviour, another code object
+    try:
+        monstack.uninstall()
+        assert cf.ThreadPoolExecutor.submit is ours
+        with cf.ThreadPoolExecutor(1) as pool:
+            assert pool.submit(current_origin).result() is None  # ours now only calls through
+            assert pool.submit(operator.add, 2, 3).result() == 5
+    finally:
+        cf.ThreadPoolExecutor.submit = original
+    monstack.install()  # and the next install patches the original again
+    try:
+        assert cf.ThreadPoolExecutor.submit is not original
+    finally:
+        monstack.uninstall()
+    assert cf.ThreadPoolExecutor.submit is original
+
+
 def test_chain_limit_option_sets_cap():
     monstack.install(chain_limit=5)
     assert _snapshot.CHAIN_LIMIT == 5
