@@ -36,17 +36,11 @@
 #include <Python.h>
 #include <internal/pycore_frame.h>
 #include <internal/pycore_gc.h>
-#if PY_VERSION_HEX >= 0x030E0000
-#include <internal/pycore_interpframe_structs.h>
-#include <internal/pycore_dict.h>
-#endif
-#include <opcode.h>
 #include <stddef.h>
 #include <stdint.h>
+#include "compat.h" /* the version facts (MS_HAS_...) and accessors; the 3.14+ headers */
+#include <opcode.h>
 
-#if PY_VERSION_HEX < 0x030C0000 || PY_VERSION_HEX >= 0x03100000
-#error "sysmon.c is for CPython 3.12 to 3.15"
-#endif
 #ifdef Py_GIL_DISABLED
 #error "free-threaded builds are not supported"
 #endif
@@ -90,7 +84,7 @@
     X(PyObject *, PyErr_NoMemory, (void))                                       \
     X(int, PyObject_CallFinalizerFromDealloc, (PyObject *))                     \
     MS_FUNCS_VERSIONED(X)
-#if PY_VERSION_HEX >= 0x030D0000
+#if MS_HAS_REFTRACER
 #define MS_FUNCS_VERSIONED(X) X(PyRefTracer, PyRefTracer_GetTracer, (void **))
 #else
 #define MS_FUNCS_VERSIONED(X)
@@ -145,21 +139,13 @@ const char ms_table_names[] = MS_FUNCS(NAME_F) MS_OBJS(NAME_O) MS_PTRS(NAME_P);
  * checks each one it can observe against the running interpreter. */
 #define STR2(x) #x
 #define STR(x) STR2(x)
-#if PY_VERSION_HEX >= 0x030D0000
-#define TS_FRAME_EXPR offsetof(PyThreadState, current_frame)
-#define IF_CODE_EXPR offsetof(_PyInterpreterFrame, f_executable)
-#define IF_INSTR_EXPR offsetof(_PyInterpreterFrame, instr_ptr)
-#else
-#define TS_FRAME_EXPR offsetof(PyThreadState, cframe)
-#define IF_CODE_EXPR offsetof(_PyInterpreterFrame, f_code)
-#define IF_INSTR_EXPR offsetof(_PyInterpreterFrame, prev_instr)
-#endif
-#if PY_VERSION_HEX >= 0x030E0000
+/* (TS_FRAME_EXPR, IF_CODE_EXPR, IF_INSTR_EXPR: compat.h) */
+#if !MS_HAS_DICT_VERSION_TAG
 /* 3.14+: no dict version tag (ma_version_tag is gone): the TLS.cell cache checks the
  * thread's TLS dict entry itself (ms_cell), reading the dict's keys object. */
 #define MS_LAYOUT_DICT offsetof(PyDictObject, ma_keys)
 #define MS_LAYOUT_DICT_NAME "ma_keys\0"
-#define MS_LAYOUT_MORE                                                          \
+#define MS_LAYOUT_DICT_MORE                                                     \
     offsetof(PyDictObject, ma_values),                                          \
     offsetof(PyDictKeysObject, dk_log2_index_bytes),                            \
     offsetof(PyDictKeysObject, dk_kind),                                        \
@@ -168,21 +154,41 @@ const char ms_table_names[] = MS_FUNCS(NAME_F) MS_OBJS(NAME_O) MS_PTRS(NAME_P);
     sizeof(PyDictUnicodeEntry),                                                 \
     offsetof(PyDictUnicodeEntry, me_key),                                       \
     offsetof(PyDictUnicodeEntry, me_value),                                     \
-    DICT_KEYS_GENERAL,                                                          \
-    offsetof(PyTupleObject, ob_hash),                                           \
-    FRAME_OWNED_BY_GENERATOR,                                                   \
-    FRAME_OWNED_BY_INTERPRETER,                                                 \
-    Py_TAG_BITS,
-#define MS_LAYOUT_MORE_NAMES                                                    \
+    DICT_KEYS_GENERAL,
+#define MS_LAYOUT_DICT_MORE_NAMES                                               \
     "ma_values\0dk_log2_index_bytes\0dk_kind\0dk_nentries\0dk_indices\0"       \
-    "sizeof_PyDictUnicodeEntry\0me_key\0me_value\0DICT_KEYS_GENERAL\0tuple_ob_hash\0" \
-    "FRAME_OWNED_BY_GENERATOR\0FRAME_OWNED_BY_INTERPRETER\0Py_TAG_BITS\0"
+    "sizeof_PyDictUnicodeEntry\0me_key\0me_value\0DICT_KEYS_GENERAL\0"
 #else
 #define MS_LAYOUT_DICT offsetof(PyDictObject, ma_version_tag)
 #define MS_LAYOUT_DICT_NAME "ma_version_tag\0"
-#define MS_LAYOUT_MORE
-#define MS_LAYOUT_MORE_NAMES
+#define MS_LAYOUT_DICT_MORE
+#define MS_LAYOUT_DICT_MORE_NAMES
 #endif
+#if MS_HAS_TUPLE_HASH_CACHE
+#define MS_LAYOUT_TUPLE_HASH offsetof(PyTupleObject, ob_hash),
+#define MS_LAYOUT_TUPLE_HASH_NAME "tuple_ob_hash\0"
+#else
+#define MS_LAYOUT_TUPLE_HASH
+#define MS_LAYOUT_TUPLE_HASH_NAME
+#endif
+#if MS_HAS_FRAME_OWNED_BY_INTERPRETER
+#define MS_LAYOUT_OWNERS FRAME_OWNED_BY_GENERATOR, FRAME_OWNED_BY_INTERPRETER,
+#define MS_LAYOUT_OWNERS_NAMES "FRAME_OWNED_BY_GENERATOR\0FRAME_OWNED_BY_INTERPRETER\0"
+#else
+#define MS_LAYOUT_OWNERS
+#define MS_LAYOUT_OWNERS_NAMES
+#endif
+#if MS_HAS_STACKREF_EXECUTABLE
+#define MS_LAYOUT_STACKREF Py_TAG_BITS,
+#define MS_LAYOUT_STACKREF_NAME "Py_TAG_BITS\0"
+#else
+#define MS_LAYOUT_STACKREF
+#define MS_LAYOUT_STACKREF_NAME
+#endif
+/* (the 3.14+ entries, values and names in the same order) */
+#define MS_LAYOUT_MORE MS_LAYOUT_DICT_MORE MS_LAYOUT_TUPLE_HASH MS_LAYOUT_OWNERS MS_LAYOUT_STACKREF
+#define MS_LAYOUT_MORE_NAMES                                                    \
+    MS_LAYOUT_DICT_MORE_NAMES MS_LAYOUT_TUPLE_HASH_NAME MS_LAYOUT_OWNERS_NAMES MS_LAYOUT_STACKREF_NAME
 __attribute__((used))
 const uint64_t ms_layout[] = {
     PY_VERSION_HEX,
@@ -224,7 +230,7 @@ const uint64_t ms_layout[] = {
     INSTRUMENTED_YIELD_VALUE,
     RESUME,
     INSTRUMENTED_RESUME,
-#if PY_VERSION_HEX >= 0x030D0000
+#if MS_HAS_RESUME_CHECK
     RESUME_CHECK,
 #else
     0,
@@ -250,7 +256,7 @@ const char ms_layout_names[] =
 /* Py_INCREF is inline with no external reference; Py_DECREF would name _Py_Dealloc. */
 static inline void ms_decref(PyObject *op)
 {
-#if PY_VERSION_HEX >= 0x030C0000
+#if MS_HAS_IMMORTAL_OBJECTS
     if (_Py_IsImmortal(op)) {
         return;
     }
@@ -273,17 +279,7 @@ typedef struct {
     void *ce_extras[1];
 } ms_code_extra;
 
-#if PY_VERSION_HEX < 0x030E0000
-/* The dict version tag: bumped by every change of the dict (deprecated in 3.12 but
- * still maintained in 3.12 and 3.13; the loader verifies that it moves). */
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
-static inline uint64_t ms_dict_version(PyObject *d)
-{
-    return ((PyDictObject *)d)->ma_version_tag;
-}
-#pragma GCC diagnostic pop
-#endif
+/* (ms_dict_version, the dict version tag of 3.12/3.13: compat.h) */
 #define IS_TYPE(op, field) (Py_TYPE(op) == (PyTypeObject *)API.field)
 
 /* ---------------------------------------------------------------- state */
@@ -330,7 +326,7 @@ struct ms_state {
     uint64_t c_version;
     PyObject *c_ldict;    /* strong */
     PyObject *c_cell;     /* strong */
-#if PY_VERSION_HEX >= 0x030E0000
+#if !MS_HAS_DICT_VERSION_TAG
     /* 3.14+ (no version tag; c_version unused): where "cell" sat in c_ldict's keys
      * when cached: the keys object c_keys (not owned: only compared; NULL: nothing
      * cached), its dk_log2_index_bytes and the entry's index. See ms_cell. */
@@ -363,7 +359,7 @@ static void ms_cache_drop(struct ms_state *st)
     st->c_id = 0;
     st->c_ldict = NULL;
     st->c_cell = NULL;
-#if PY_VERSION_HEX >= 0x030E0000
+#if !MS_HAS_DICT_VERSION_TAG
     st->c_keys = NULL;
 #endif
     ms_xdecref(ldict);
@@ -442,24 +438,7 @@ static void ms_state_free(PyObject *capsule)
 }
 
 /* ---------------------------------------------------------------- frames */
-static inline _PyInterpreterFrame *ms_current_frame(PyThreadState *ts)
-{
-#if PY_VERSION_HEX >= 0x030D0000
-    return ts->current_frame;
-#else
-    return ts->cframe != NULL ? ts->cframe->current_frame : NULL;
-#endif
-}
-
-/* A frame owned by the C stack: an entry frame of the interpreter (frame.f_back skips
- * it). 3.12/3.13: FRAME_OWNED_BY_CSTACK; 3.14 renumbered the owners and marks entry
- * frames FRAME_OWNED_BY_INTERPRETER (FRAME_OWNED_BY_CSTACK, 4 in 3.14, is assigned
- * nowhere and gone in 3.15): CPython tests owner >= FRAME_OWNED_BY_INTERPRETER. */
-#if PY_VERSION_HEX >= 0x030E0000
-#define MS_OWNED_BY_C(f) ((f)->owner >= FRAME_OWNED_BY_INTERPRETER)
-#else
-#define MS_OWNED_BY_C(f) ((f)->owner == FRAME_OWNED_BY_CSTACK)
-#endif
+/* (ms_current_frame, MS_OWNED_BY_C, ms_frame_executable, ms_frame_instr: compat.h) */
 
 /* What a (non-C-stack) frame runs, unchecked: its code object, or on 3.13+ possibly
  * another object or NULL; NULL for a C-stack frame. Compared by address with a known
@@ -469,13 +448,7 @@ static inline PyObject *ms_frame_exec(_PyInterpreterFrame *f)
     if (MS_OWNED_BY_C(f)) {
         return NULL;
     }
-#if PY_VERSION_HEX >= 0x030E0000
-    return PyStackRef_AsPyObjectBorrow(f->f_executable);
-#elif PY_VERSION_HEX >= 0x030D0000
-    return f->f_executable;
-#else
-    return (PyObject *)f->f_code;
-#endif
+    return ms_frame_executable(f);
 }
 
 /* The code object a (non-C-stack) frame runs, or NULL. */
@@ -484,25 +457,11 @@ static inline PyCodeObject *ms_frame_code(_PyInterpreterFrame *f)
     if (MS_OWNED_BY_C(f)) {
         return NULL;
     }
-#if PY_VERSION_HEX >= 0x030E0000
-    /* a _PyStackRef: the pointer with tag bits (Py_TAG_REFCNT for a deferred or
-     * immortal reference); a NULL reference masks to NULL */
-    PyObject *ex = PyStackRef_AsPyObjectBorrow(f->f_executable);
-    return (ex != NULL && IS_TYPE(ex, code_type)) ? (PyCodeObject *)ex : NULL;
-#elif PY_VERSION_HEX >= 0x030D0000
-    PyObject *ex = f->f_executable;
+#if MS_HAS_FRAME_EXECUTABLE
+    PyObject *ex = ms_frame_executable(f);
     return (ex != NULL && IS_TYPE(ex, code_type)) ? (PyCodeObject *)ex : NULL;
 #else
-    return f->f_code;
-#endif
-}
-
-static inline _Py_CODEUNIT *ms_frame_instr(_PyInterpreterFrame *f)
-{
-#if PY_VERSION_HEX >= 0x030D0000
-    return f->instr_ptr;
-#else
-    return f->prev_instr;
+    return (PyCodeObject *)ms_frame_executable(f);
 #endif
 }
 
@@ -529,7 +488,7 @@ static inline long ms_frame_lasti(_PyInterpreterFrame *f, PyCodeObject *code)
  * tool's line events) the opcode is not visible here: not linked, as far as we know. */
 static inline int ms_op_at_delegation(_Py_CODEUNIT *at)
 {
-#if PY_VERSION_HEX >= 0x030D0000
+#if MS_HAS_INSTR_PTR
     int op = at->op.code;
     return (op == RESUME || op == RESUME_CHECK || op == INSTRUMENTED_RESUME) && (at->op.arg & 3) >= 2;
 #else
@@ -634,7 +593,7 @@ static inline int ms_tracked(PyObject *self, struct ms_state *st, PyObject *code
 }
 
 /* ---------------------------------------------------------------- TLS.cell */
-#if PY_VERSION_HEX >= 0x030E0000
+#if !MS_HAS_DICT_VERSION_TAG
 /* The entries of a combined, str-keyed dict's keys object (DK_UNICODE_ENTRIES). */
 static inline PyDictUnicodeEntry *ms_dict_entries(PyDictKeysObject *keys)
 {
@@ -702,7 +661,7 @@ static PyObject *ms_cell_slow(struct ms_state *st, PyThreadState *ts, int *is_no
     Py_INCREF(cell);
     st->c_ts = ts;
     st->c_id = ts->id;
-#if PY_VERSION_HEX >= 0x030E0000
+#if !MS_HAS_DICT_VERSION_TAG
     ms_cache_locate(st, ldict, cell);
 #else
     st->c_version = ms_dict_version(ldict);
@@ -716,7 +675,7 @@ static PyObject *ms_cell_slow(struct ms_state *st, PyThreadState *ts, int *is_no
  * only: no exception, no side effect. */
 static inline PyObject *ms_cell_cached(struct ms_state *st, PyThreadState *ts)
 {
-#if PY_VERSION_HEX >= 0x030E0000
+#if !MS_HAS_DICT_VERSION_TAG
     /* The thread's TLS dict still maps "cell" (st->s_cell itself) to c_cell: its keys
      * object is the one cached (by address), with the same index size (so the cached
      * entry's address, c_entry, is still where entry c_index lies), combined and
@@ -872,9 +831,7 @@ static int ms_push(struct ms_state *st, PyThreadState *ts, PyObject *cell, PyObj
     if (LIKELY(!fresh)) {
         node = st->spare[--st->n_spare];
         st->n_reused++;
-#if PY_VERSION_HEX >= 0x030E0000
-        ((PyTupleObject *)node)->ob_hash = -1; /* 3.14+ caches a tuple's hash */
-#endif
+        ms_tuple_reset_hash(node); /* 3.14+ caches a tuple's hash */
     }
     else if ((node = API.PyTuple_New(3)) == NULL) {
         return -1;
@@ -989,9 +946,7 @@ __attribute__((always_inline)) static inline PyObject *ms_enter_fast(struct ms_s
     if (LIKELY(st->n_spare != 0)) {
         node = st->spare[--st->n_spare];
         st->n_reused++;
-#if PY_VERSION_HEX >= 0x030E0000
-        ((PyTupleObject *)node)->ob_hash = -1; /* 3.14+ caches a tuple's hash */
-#endif
+        ms_tuple_reset_hash(node); /* 3.14+ caches a tuple's hash */
     }
     else {
         if (UNLIKELY(!st->untrack_nodes || (node = API.PyTuple_New(3)) == NULL)) {
@@ -1459,7 +1414,7 @@ static void ms_snap_dealloc(PyObject *op)
         if (Py_TYPE(origin)->tp_dealloc == ms_snap_dealloc && !_Py_IsImmortal(origin) &&
             origin->ob_refcnt == 1) {
             origin->ob_refcnt = 0; /* the reference this snapshot held was the last */
-#if PY_VERSION_HEX >= 0x030D0000
+#if MS_HAS_REFTRACER
             void *data = NULL; /* _Py_Dealloc's work, skipped by the loop: tell a tracer */
             PyRefTracer tracer = API.PyRefTracer_GetTracer(&data);
             if (tracer != NULL) {
@@ -1489,9 +1444,7 @@ static PyObject *ms_snap_alloc(PyTypeObject *cls)
     ((PyGC_Head *)mem)->_gc_prev = MS_SNAP_MARK;
     PyObject *op = (PyObject *)((char *)mem + sizeof(PyGC_Head));
     API.PyObject_InitVar((PyVarObject *)op, cls, MS_SNAP_ITEMS); /* type ref, refcount 1 */
-#if PY_VERSION_HEX >= 0x030E0000
-    ((PyTupleObject *)op)->ob_hash = -1; /* not computed (as tuple_alloc resets it) */
-#endif
+    ms_tuple_reset_hash(op); /* not computed (as tuple_alloc resets it) */
     return op;
 }
 
@@ -1672,9 +1625,7 @@ static PyObject *ms_build_snapshot(struct ms_state *st, int from_caller)
         ms_decref(origin);
         return NULL;
     }
-#if PY_VERSION_HEX >= 0x030E0000
-    ((PyTupleObject *)snap)->ob_hash = -1; /* (tp_alloc zeroed it; tuple_subtype_new resets it) */
-#endif
+    ms_tuple_reset_hash(snap); /* (tp_alloc zeroed it; tuple_subtype_new resets it) */
     PyTuple_SET_ITEM(snap, 0, top);
     PyTuple_SET_ITEM(snap, 1, off);
     PyTuple_SET_ITEM(snap, 2, origin);

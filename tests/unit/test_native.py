@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import glob
 import hashlib
 import importlib.util
 import json
 import marshal
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -213,6 +215,89 @@ def test_build_check_compares_the_stored_marshal_manifest_and_bins(damage, tmp_p
         expect = "manifest format 2, this build writes 3"
     assert build._check_stored(t, stored, t.arches, out) == 1
     assert expect in capsys.readouterr().out
+
+
+# --------------------------------------------------------------------------- version facts in C
+#: The macros that say which CPython version the C code is compiled against.
+VERSION_MACROS = re.compile(r"\bPY_(VERSION_HEX|MAJOR_VERSION|MINOR_VERSION|MICRO_VERSION|RELEASE_LEVEL|RELEASE_SERIAL)\b")
+#: Version tests allowed outside native/compat.h: the 3.11 shim is built against 3.11
+#: only; its one test refuses any other version.
+VERSION_TESTS_ALLOWED = {("shim311.h", "#if PY_VERSION_HEX < 0x030B0000 || PY_VERSION_HEX >= 0x030C0000")}
+
+
+def preprocessor_conditions(text: str):
+    """(line number, directive) of each ``#if``/``#elif`` (and ``#ifdef``, ``#ifndef``,
+    ``#elifdef``, ``#elifndef``) of C ``text``: comments removed, continued lines joined."""
+    text = re.sub(r"/\*.*?\*/", lambda m: " " + "\n" * m.group().count("\n"), text, flags=re.S)
+    text = re.sub(r"//[^\n]*", "", text)
+    out, lines, i = [], text.split("\n"), 0
+    while i < len(lines):
+        start, line = i, lines[i]
+        while line.endswith("\\") and i + 1 < len(lines):
+            i += 1
+            line = line[:-1] + " " + lines[i]
+        m = re.match(r"\s*#\s*(if|elif|ifdef|ifndef|elifdef|elifndef)\b(.*)", line)
+        if m:
+            out.append((start + 1, "#" + m.group(1) + " " + " ".join(m.group(2).split())))
+        i += 1
+    return out
+
+
+def version_tests(text: str):
+    """The conditions of C ``text`` that test the CPython version."""
+    return [(n, d) for n, d in preprocessor_conditions(text) if VERSION_MACROS.search(d)]
+
+
+def test_the_version_test_finder_sees_every_spelling():
+    found = version_tests("#if PY_VERSION_HEX >= 0x030D0000\n#elif  PY_MINOR_VERSION > 12\n"
+                          "  #  if defined(X) && \\\n   PY_VERSION_HEX < 0x030E0000\n#ifdef PY_MICRO_VERSION\n"
+                          "#if MS_HAS_X /* PY_VERSION_HEX */\n// #if PY_VERSION_HEX\n/* #if PY_VERSION_HEX\n*/\n"
+                          "    PY_VERSION_HEX,\n#define V (PY_VERSION_HEX >= 1)\n#if MS_HAS_Y\n")
+    assert [n for n, _ in found] == [1, 2, 3, 5], found
+    assert found[2][1] == "#if defined(X) && PY_VERSION_HEX < 0x030E0000"
+
+
+def test_version_tests_live_only_in_compat_h():
+    """native/ tests the CPython version (PY_VERSION_HEX and the like) in an ``#if`` or
+    ``#elif`` only in compat.h; the sources read the facts it names (MS_HAS_...). The
+    layout table's ``PY_VERSION_HEX`` entry is a value, not a test."""
+    elsewhere = []
+    for path in sorted(glob.glob(os.path.join(NATIVE_SRC, "*.[ch]"))):
+        name = os.path.basename(path)
+        if name == "compat.h":
+            continue
+        with open(path, encoding="utf-8") as f:
+            elsewhere += [(name, n, d) for n, d in version_tests(f.read()) if (name, d) not in VERSION_TESTS_ALLOWED]
+    assert not elsewhere, "version tests outside native/compat.h (name a fact there): " + repr(elsewhere)
+    with open(os.path.join(NATIVE_SRC, "compat.h"), encoding="utf-8") as f:
+        assert version_tests(f.read())  # (its guard: CPython 3.12 to 3.15)
+    with open(os.path.join(NATIVE_SRC, "sysmon.c"), encoding="utf-8") as f:
+        assert "PY_VERSION_HEX," in f.read()  # the layout entry the loader compares
+
+
+def test_each_version_fact_says_why_and_is_used():
+    """Each ``MS_HAS_...`` of compat.h is defined from PY_VERSION_HEX under a comment
+    that names the version it is about, and is read somewhere besides its definition."""
+    with open(os.path.join(NATIVE_SRC, "compat.h"), encoding="utf-8") as f:
+        compat = f.read()
+    with open(os.path.join(NATIVE_SRC, "sysmon.c"), encoding="utf-8") as f:
+        sysmon = f.read()
+    facts = re.findall(r"/\*((?:(?!\*/).)*)\*/\n#define (MS_HAS_\w+) \((PY_VERSION_HEX [<>]=? 0x03[0-9A-F]{6})\)\n",
+                       compat, re.S)
+    assert len(facts) == compat.count("#define MS_HAS_") >= 5, facts
+    for why, name, _test in facts:
+        assert re.search(r"\b3\.1\d\b", why), name
+        assert len(re.findall(r"\b%s\b" % name, compat + sysmon)) >= 2, f"{name} is never read"
+
+
+def test_sysmon_includes_only_listed_sources():
+    """Every file sysmon.c includes from native/ is one of the blobs' sources, so that its
+    digest is in the manifest and a change to it without a rebuild fails the suite."""
+    with open(os.path.join(NATIVE_SRC, "sysmon.c"), encoding="utf-8") as f:
+        local = re.findall(r'^\s*#\s*include\s+"([^"]+)"', f.read(), re.M)
+    assert "compat.h" in local
+    for name in ("sysmon312", "sysmon313", "sysmon314", "sysmon315"):
+        assert set(local) <= set(_build_module().target(name).sources) == set(stored_json(name)["sources"]), name
 
 
 # --------------------------------------------------------------------------- reproducible
