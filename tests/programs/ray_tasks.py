@@ -1,4 +1,4 @@
-"""The tasks and actors of tests/test_ray.py (and bench/engines_cost.py). Ray's workers
+"""The tasks and actors of tests/integration/test_ray.py. Ray's workers
 import them by name (this folder is on their ``PYTHONPATH``); lines are named with
 ``# @marker`` comments."""
 
