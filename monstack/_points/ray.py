@@ -89,7 +89,7 @@ def recognise() -> None:
 
 
 def _internal_error(where: str, exc: BaseException) -> None:
-    warn_once(f"monstack: the ray point failed in {where} ({type(exc).__name__}: {exc}); "
+    warn_once("monstack-point-failed", f"the ray point failed in {where} ({type(exc).__name__}: {exc}); "
               "its tasks' failures show no origin there")
 
 

@@ -233,6 +233,17 @@ def test_refs_kept_are_bounded(cluster, installed, monkeypatch):
     assert ray.get(refs) == [1, 2, 3, 4, 5] and not _ray._REFS
 
 
+def test_a_failure_inside_the_point_warns_and_the_task_runs_on(cluster, installed, monkeypatch):
+    def broken(result: Any, snap: Any) -> None:
+        raise RuntimeError("inside")
+
+    monkeypatch.setattr(_ray, "_remember", broken)
+    monkeypatch.setattr("monstack._errors._said", set())  # (said once per process)
+    with pytest.warns(MonstackWarning, match="monstack-point-failed: the ray point failed in submit"):
+        ref = ray_tasks.inc.remote(1)
+    assert ray.get(ref) == 2
+
+
 def test_ray_is_not_imported_by_install():
     code = "import sys, monstack; monstack.install(); print(sorted(m for m in sys.modules if m.split('.')[0] == 'ray'))"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
