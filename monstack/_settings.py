@@ -35,6 +35,7 @@ PROPAGATION_POINTS: tuple[str, ...] = (
     "celery",
     "dask",
     "rq",
+    "ray",
     "sentry",
 )
 

@@ -102,8 +102,8 @@ def integration_module(name: str):
 
 #: CPythons an engine has no release for (pyproject's ``engines`` extra leaves it out
 #: there): its tests skip with the reason even in CI. Checked: dask/distributed 2026.8.0,
-#: celery[redis] 5.7.0 and rq 3.0.0 install on 3.11-3.15.
-ENGINE_NO_RELEASE: dict[str, tuple[tuple[int, int], ...]] = {}
+#: celery[redis] 5.7.0 and rq 3.0.0 install on 3.11-3.15; ray 2.60.0 on 3.11-3.14 only.
+ENGINE_NO_RELEASE: dict[str, tuple[tuple[int, int], ...]] = {"ray": ((3, 15),)}
 
 
 def engine_module(name: str):

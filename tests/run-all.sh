@@ -3,7 +3,7 @@
 # every configuration (`tests/configs.py` lists them: native and pure-Python
 # callbacks where both exist), then mypy once on 3.12. Each interpreter gets a venv under
 # .venvs/ with monstack installed (editable) plus its test, integration (trio, uvloop) and
-# engines (dask, celery[redis], rq) extras; the tests marked `integration` run once per CPython, in its first
+# engines (dask, celery[redis], rq, ray) extras; the tests marked `integration` run once per CPython, in its first
 # configuration only. Fails if any run fails.
 # A supported interpreter that is missing is skipped with a message, except in CI
 # (CI=true), where it fails the run. Extra arguments go to pytest.
@@ -41,7 +41,7 @@ for v in "${want[@]}"; do
   if [ ! -x "$venv/bin/python" ]; then
     "$py" -m venv "$venv" || { summary+=("$v: venv failed"); status=1; continue; }
   fi
-  # The integration extra (trio, uvloop) and the engines extra (dask, celery[redis], rq) where they install;
+  # The integration extra (trio, uvloop) and the engines extra (dask, celery[redis], rq, ray) where they install;
   # where one cannot, its tests skip with the reason (and fail in CI, except for an engine
   # with no release for this CPython: see engine_module() in tests/conftest.py).
   if ! "$venv/bin/python" -m pip install -q --disable-pip-version-check -e "$root[test,integration,engines]"; then

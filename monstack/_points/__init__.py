@@ -1,7 +1,7 @@
 """The propagation points: one contract, the registry, and the state the points share.
 
 The families (one module each: ``threading``, ``futures``, ``asyncio``,
-``multiprocessing``, ``trio``, ``celery``, ``dask``, ``rq``, ``greenlet``) hold the points' code;
+``multiprocessing``, ``trio``, ``celery``, ``dask``, ``rq``, ``ray``, ``greenlet``) hold the points' code;
 ``monstack._propagate`` (the switch, above) turns them on and off. This module sits below
 both: each family imports what it shares from here, never the switch.
 
@@ -51,6 +51,7 @@ class CannotEnable(RuntimeError):
 MIN_VERSIONS: dict[str, tuple[int, int]] = {
     "celery": (5, 3),  # a retry keeps the task's custom headers (celery#7523)
     "rq": (2, 0),
+    "ray": (2, 40),  # accepted where its internals are the ones the patch knows (recognise)
     "sentry": (2, 0),  # sentry-sdk: the scope API and global event processors of 2.x
 }
 
@@ -69,6 +70,7 @@ REGISTRY: dict[str, tuple[tuple[str, str], ...]] = {
                ("celery.result", "celery.apply_result")),
     "dask": (("distributed.client", "dask.apply"),),
     "rq": (("rq.job", "rq.apply"), ("rq.worker", "rq.apply_worker")),
+    "ray": (("ray", "ray.apply"),),
     # not a hop: events of work that has an origin carry it (a global event processor)
     "sentry": (("sentry_sdk", "sentry.apply"),),
 }

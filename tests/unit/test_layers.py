@@ -224,7 +224,7 @@ def test_the_points_base_is_below_the_families_and_nothing_there_imports_the_swi
     assert not [m for m in base if m.startswith("_points.")], base
     families = sorted(p for p in POINTS.glob("*.py") if p.name != "__init__.py")
     assert {p.stem for p in families} >= {"threading", "futures", "asyncio", "multiprocessing", "trio",
-                                          "celery", "dask", "rq", "greenlet"}
+                                          "celery", "dask", "rq", "ray", "greenlet"}
     layer = layer_of("_points")
     for path in [POINTS / "__init__.py", *families]:
         deps = _points_imports(path)

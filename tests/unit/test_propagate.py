@@ -862,6 +862,14 @@ def _targets() -> dict[str, list[tuple[Any, str]]]:
         pass
     else:
         rq_targets = [(rq.job.Job, "create"), (rq.job.Job, "perform"), (rq.worker.Worker, "fork_work_horse")]
+    ray_targets: list[tuple[Any, str]] = []
+    try:  # the ray point's targets, where ray is installed (tests/integration/test_ray.py uses it)
+        import ray
+    except ImportError:
+        pass
+    else:
+        ray_targets = [(ray.remote_function.RemoteFunction, "_remote"), (ray.actor.ActorClass, "_remote"),
+                       (ray.actor.ActorMethod, "_remote"), (ray._private.worker.Worker, "deserialize_objects")]
     return {
         "threading": [(threading.Thread, "start")],
         "start_new_thread": [(_thread, "start_new_thread"), (_thread, "start_new")],
@@ -880,6 +888,7 @@ def _targets() -> dict[str, list[tuple[Any, str]]]:
         "celery": celery_targets,
         "dask": dask_targets,
         "rq": rq_targets,
+        "ray": ray_targets,
         "sentry": [],  # patches nothing: a global event processor (tests/integration/test_sentry.py)
     }
 
