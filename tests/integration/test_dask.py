@@ -273,7 +273,7 @@ def test_a_sentry_event_of_a_task_failed_on_a_worker_process_carries_the_submitt
     in the program), ``future.result()`` re-raises it and the program reports it to Sentry:
     the event names the line that submitted the task; its value holds no monstack text."""
     integration_module("sentry_sdk")
-    program = os.path.join(os.path.dirname(THIS), "programs", "dask_sentry.py")
+    program = os.path.join(os.path.dirname(os.path.dirname(THIS)), "programs", "dask_sentry.py")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MONSTACK", "SENTRY_"))}
     env.update(MONSTACK="1", PYTHONPATH=os.pathsep.join([os.path.dirname(THIS)] + sys.path))
     out = subprocess.run([sys.executable, program], capture_output=True, text=True, env=env, timeout=180,
