@@ -115,8 +115,10 @@ def format_records(records: Sequence[Sequence], color: bool = False, limit: Opti
 
 
 def format_snapshot(snap, color: Optional[bool] = None, limit: Optional[int] = None, file: Optional[IO[str]] = None) -> str:
-    """A snapshot's frames, as ``traceback.format_list`` would lay them out."""
-    return "".join(format_records(snap._display_records(), resolve(color, file), limit))
+    """A snapshot's frames, as ``traceback.format_list`` would lay them out, without the
+    last line's newline (``print(snap.format())`` prints no empty line)."""
+    text = "".join(format_records(snap._display_records(), resolve(color, file), limit))
+    return text[:-1] if text.endswith("\n") else text
 
 
 def heading(text: str, color: bool) -> str:

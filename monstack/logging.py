@@ -101,7 +101,7 @@ def _origin_text(snap: Snapshot, color: bool) -> str:
         parts: list[str] = []
         hop: Optional[Snapshot] = snap
         while hop is not None and len(parts) < 8:
-            parts.append(ORIGIN_HEADING + "\n" + hop.format(color=False))
+            parts.append(ORIGIN_HEADING + "\n" + hop.format(color=False) + "\n")
             hop = hop.origin
         return "".join(parts)
     except Exception:
