@@ -218,7 +218,7 @@ def measure(vpy: str, rounds: int, valgrind: bool = False, case: str = "warm") -
                       env=env).stderr
             refs = [line for line in err.splitlines() if "I" in line and "refs:" in line]
             instructions[mode] = int(refs[-1].split("refs:")[1].replace(",", "").strip())
-    base = {
+    common = {
         "case": case,
         "python": run([vpy, "-c", "import sys; print(sys.version.split()[0])"]).stdout.strip(),
         "backend": backend,
@@ -237,7 +237,7 @@ def measure(vpy: str, rounds: int, valgrind: bool = False, case: str = "warm") -
         "instructions": instructions,
     }
     if case != "warm":
-        return base
+        return common
     imports, installs = [], []
     for _ in range(rounds):
         a, b = map(float, run([vpy, "-c", INSTALL_TIME], env=off).stdout.split())
@@ -252,7 +252,7 @@ def measure(vpy: str, rounds: int, valgrind: bool = False, case: str = "warm") -
                 added.setdefault(name, []).append(us)
     added_med = {k: min(v) for k, v in added.items()}
     return {
-        **base,
+        **common,
         "import_ms": 1000 * min(imports),
         "install_ms": 1000 * min(installs),
         "instructions": instructions,
