@@ -174,10 +174,11 @@ def has_frames(snap) -> bool:
         return False
 
 
-def origin_note(snap) -> str:
-    """The plain-text origin chain as one PEP 678 note ("" when it has no frames)."""
+def origin_note(snap, color: bool = False) -> str:
+    """The origin chain as one PEP 678 note ("" when it has no frames); coloured only for
+    a report monstack prints itself (never a note an exception keeps)."""
     try:
-        return "".join(format_origin(snap, color=False)).rstrip("\n")
+        return "".join(format_origin(snap, color=color)).rstrip("\n")
     except Exception:
         return ORIGIN_HEADING + "\n  (monstack: the origin could not be formatted)"
 
@@ -204,7 +205,7 @@ def _traceback_lines(exc: BaseException, color: bool, drop_origin_note: bool, or
             kept = [n for n in notes if not is_origin_note(n)]
             te.__notes__ = kept or None  # type: ignore[attr-defined]
     if origins is not None:
-        _origin_notes(te, exc, origins, top)
+        _origin_notes(te, exc, origins, top, color)
     if color and _COLORIZE_TRACEBACKS:
         return list(te.format(colorize=True))  # type: ignore[call-arg]
     return list(te.format())
@@ -234,10 +235,11 @@ def _hide_own_frames(te) -> None:
         todo.extend(getattr(t, "exceptions", None) or ())
 
 
-def _origin_notes(te: Any, exc: BaseException, origins: Any, top: bool = False) -> None:
+def _origin_notes(te: Any, exc: BaseException, origins: Any, top: bool = False, color: bool = False) -> None:
     """Give each TracebackException below ``te`` (causes, contexts, group members: the
     ones ``te`` rendered from ``exc``'s; ``te`` too if ``top``) a note with its
-    exception's origin."""
+    exception's origin, coloured as the rest of the report when ``color`` (CPython prints
+    notes as they are; the exceptions' own notes are not touched)."""
     seen: set = set()
     todo: list = []
 
@@ -259,8 +261,8 @@ def _origin_notes(te: Any, exc: BaseException, origins: Any, top: bool = False) 
         seen.add(id(t))
         try:
             snap = origins(e)
-            note = origin_note(snap) if snap is not None else ""
-            if note and note.startswith(ORIGIN_HEADING):
+            note = origin_note(snap, color) if snap is not None else ""
+            if note and note.startswith((ORIGIN_HEADING, ANSI.BOLD + ORIGIN_HEADING)):
                 notes = [n for n in (getattr(t, "__notes__", None) or ()) if not is_origin_note(n)]
                 t.__notes__ = notes + [note]
         except Exception:
