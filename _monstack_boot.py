@@ -278,7 +278,8 @@ class _Cache:
 
     def _file_spec(self, name: str):
         """The spec the path finder makes for monstack module ``name`` (one of
-        ``_STARTED`` or ``_ON_DEMAND``), from its name: ``cached`` computed when read."""
+        ``_STARTED`` or ``_ON_DEMAND``), from its name; ``cached`` as ``cache_from_source``
+        gives it (spelt out in the usual case: no prefix, no ``-O``; else computed when read)."""
         external = sys.modules["_frozen_importlib_external"]
         sep = self.os.sep
         package = name in _PACKAGES
@@ -287,8 +288,12 @@ class _Cache:
             name, external.SourceFileLoader(name, origin), origin=origin, is_package=package
         )
         spec.has_location = True
+        at = origin.rfind(sep)
         if package:
-            spec.submodule_search_locations.append(origin[: origin.rfind(sep)])
+            spec.submodule_search_locations.append(origin[:at])
+        tag = sys.implementation.cache_tag
+        if tag is not None and sys.pycache_prefix is None and not sys.flags.optimize:
+            spec.cached = origin[:at] + sep + "__pycache__" + sep + origin[at + 1 : -3] + "." + tag + ".pyc"
         return spec
 
     def _check(self, data: bytes):
