@@ -48,7 +48,7 @@ _epoch = 0
 
 
 def blob_name() -> str:
-    return f"sysmon{sys.version_info[0]}{sys.version_info[1]}"
+    return "sysmon" + _env.VERSION_TAG.replace(".", "")
 
 
 def unavailable() -> Optional[str]:
@@ -93,11 +93,10 @@ def _refusal(build_variables: bool = True) -> Optional[str]:
         return "free-threaded build (no GIL): not supported by the native callbacks"
     if _env.DEBUG_BUILD:
         return "debug build of CPython: not supported by the native callbacks"
-    v = _env.PYVERSION
-    if v[:2] not in _env.NATIVE_CALLBACK_VERSIONS:
+    if not _env.NATIVE_CALLBACKS_FOR_VERSION:
         names = [f"{a}.{b}" for a, b in _env.NATIVE_CALLBACK_VERSIONS]
         known = " and ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
-        return f"native callbacks exist for CPython {known} (this is {v[0]}.{v[1]})"
+        return f"native callbacks exist for CPython {known} (this is {_env.VERSION_TAG})"
     if build_variables and _env.TAIL_CALL_INTERP:
         return ("tail-calling interpreter build: the native callbacks read the interpreter's frames and "
                 "were tested only with the classic interpreter")
@@ -436,7 +435,7 @@ def _verify_runtime(probe: Callable) -> None:
             out.append(exc)
 
     # (This thread only: install() may run at interpreter startup, where starting a
-    # thread to check another one would be unwelcome. tests/test_accel.py checks more.)
+    # thread to check another one would be unwelcome. tests/unit/test_accel.py checks more.)
     for where in ("this thread",):
         out: list = []
         check_thread(out)

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from types import FrameType
     from typing import IO, Any, Callable, Iterable, Optional
 
-from . import _capture, _format, _threads
+from . import _capture, _env, _format, _threads
 from ._colorize import ANSI, resolve
 from ._dumpproto import escape_controls
 from ._policy import _MONSTACK_DIR
@@ -50,7 +50,7 @@ def _loop_of_frame(frame: FrameType) -> Any:
     if frame.f_code.co_name != "run_forever":
         return None
     try:
-        if sys.version_info >= (3, 13):  # a proxy reading the frame's slots: no side effect
+        if _env.FRAME_LOCALS_PROXY:  # a proxy reading the frame's slots: no side effect
             return frame.f_locals.get("self")
         return None  # (3.11-3.12: f_locals would write to the running frame; tasks find it)
     except Exception:
@@ -350,9 +350,8 @@ def _header(color: bool, n_threads: int) -> str:
     else:
         how = f"backend {state.backend.name}"
     now = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
-    version = ".".join(map(str, sys.version_info[:3]))
     return _format.heading(
-        f"monstack dump: process {os.getpid()}, CPython {version}, {how}, {now}, {n_threads} threads", color
+        f"monstack dump: process {os.getpid()}, CPython {_env.VERSION_TEXT}, {how}, {now}, {n_threads} threads", color
     )
 
 

@@ -481,7 +481,7 @@ def _remote_exec(target: _Target, script: str, why_no_signal: str) -> None:
                 raise _remote_error(pid, f"{type(exc).__name__}: {exc}") from None
             return
         raise DumpError(
-            f"{why_no_signal}, and this Python {_env.PYVERSION[0]}.{_env.PYVERSION[1]} cannot attach to "
+            f"{why_no_signal}, and this Python {_env.VERSION_TAG} cannot attach to "
             f"it ({base} is not a Python 3.14+ interpreter); {HOW_TO_SIGNAL}"
         )
     exe = _target_interpreter(target)
@@ -534,7 +534,8 @@ def _external(target: _Target, why: str) -> str:
     from . import _dumpext
 
     header = f"[python -m monstack dump: {why}: the stacks below were read from outside the process]\n"
-    if _env.REMOTE_DEBUGGING and _target_version(pid) in (None, _env.PYVERSION[:2]):
+    theirs = _target_version(pid)
+    if _env.REMOTE_DEBUGGING and (theirs is None or _env.is_this_version(theirs)):
         try:
             return header + _dumpext.report(pid, color=_color())
         except _dumpext.ExternalError as exc:
@@ -605,7 +606,7 @@ def dump_process(pid: int, timeout: float = DEFAULT_TIMEOUT) -> str:
                 if text is not None:
                     return text
                 why = f"no answer to {name} within {timeout:g} s"
-                if (_target_version(pid) or _env.PYVERSION[:2]) >= _env.REMOTE_DEBUGGING_SINCE:
+                if _env.remote_debugging_in(_target_version(pid)):
                     try:
                         return _external(target, why)
                     except DumpError:

@@ -64,6 +64,21 @@ AWAIT_HEADING = "Await chain (most recent call last):"
 
 _BOLD, _MAGENTA, _GREY, _RESET = "\x1b[1m", "\x1b[35m", "\x1b[90m", "\x1b[0m"
 
+# -- version facts: this module runs alone in another interpreter (no monstack._env there),
+# so these few are its own; no other line of it compares versions (tests/unit/test_env.py).
+#: ``"3.14"``: this interpreter's version as text.
+VERSION_TAG = "%d.%d" % sys.version_info[:2]
+#: The first version whose reader can read a process (PEP 768, gh-91048).
+READABLE_SINCE = (3, 14)
+#: The reader reads every interpreter of the process (gh-138385, 3.15); 3.14's reads one,
+#: the most recently created, and sees no thread state of the others.
+READS_EVERY_INTERPRETER = sys.version_info >= (3, 15)
+#: The reader lists the asyncio tasks of every thread (gh-149230, 3.15); 3.14's lists the
+#: main thread's only.
+TASKS_OF_EVERY_THREAD = sys.version_info >= (3, 15)
+#: The reader reads names that are not ASCII (gh-149214, 3.15); 3.14's reads some as NULs.
+READS_NON_ASCII = sys.version_info >= (3, 15)
+
 #: Thread status flags of 3.15's reader (absent on 3.14).
 _STATUS_HAS_GIL = 1
 _STATUS_MAIN_THREAD = 32
@@ -559,7 +574,7 @@ def _attach_error(pid: int, exc: BaseException) -> ExternalError:
     """What the reader's refusal to attach means, in one line."""
     import re
 
-    here = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    here = VERSION_TAG
     chain = _chain(exc)
     if any(isinstance(e, PermissionError) for e in chain):
         return _permission_error(pid)
@@ -576,7 +591,7 @@ def _attach_error(pid: int, exc: BaseException) -> ExternalError:
             return ExternalError(f"process {pid} is not a Python process (no Python runtime found in it)")
     if theirs is not None:
         version = f"{theirs[0]}.{theirs[1]}"
-        if theirs < (3, 14):
+        if theirs < READABLE_SINCE:
             return ExternalError(
                 f"process {pid} runs Python {version}: reading stacks from outside needs CPython 3.14+ in the target"
             )
@@ -656,9 +671,8 @@ def _read(pid: int) -> _Reading:
     try:
         import _remote_debugging as rd  # type: ignore[import-not-found]
     except ImportError:
-        version = f"{sys.version_info[0]}.{sys.version_info[1]}"
         raise ExternalError(
-            f"this Python {version} has no _remote_debugging module: reading a process from outside needs CPython 3.14+"
+            f"this Python {VERSION_TAG} has no _remote_debugging module: reading a process from outside needs CPython 3.14+"
         ) from None
     _check_process(pid)
     unwinder = _unwinder(rd, pid, all_threads=True)
@@ -849,7 +863,7 @@ def report(pid: int, *, color: bool = False) -> str:
         parts.append(text)
         size += n
 
-    version = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    version = VERSION_TAG
     now = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     n = len(threads)
     add("threads", [
@@ -883,7 +897,7 @@ def report(pid: int, *, color: bool = False) -> str:
         ) + (", ..." if len(others) > 20 else "")
         if reading.partial or reading.other_interp:
             what = "not read"
-        elif sys.version_info < (3, 15):
+        elif not READS_EVERY_INTERPRETER:
             what = "not seen by the reader (no Python thread state)"
         else:
             what = "run no Python code"
@@ -894,7 +908,7 @@ def report(pid: int, *, color: bool = False) -> str:
     if awaited is not None:
         with_tasks = {getattr(info, "thread_id", None) for info in list(awaited)[: MAX_THREADS * 4]
                       if getattr(info, "awaited_by", None)}
-        if sys.version_info < (3, 15):
+        if not TASKS_OF_EVERY_THREAD:
             for tid in loops_elsewhere:
                 if tid not in with_tasks:
                     add("tasks", ["\n", _note(
@@ -910,7 +924,7 @@ def report(pid: int, *, color: bool = False) -> str:
             f"(No source lines for {sources.timed_out} file(s): reading them as the process's user (uid "
             f"{sources.creds[0]}) took longer than allowed ({SOURCE_FILE_SECONDS:g} s a file, "
             f"{SOURCE_TOTAL_SECONDS:g} s in all).)", color))
-    if sys.version_info < (3, 15) and "\\x00" in "".join(parts[1:]):
+    if not READS_NON_ASCII and "\\x00" in "".join(parts[1:]):
         parts.append("\n" + _note("(CPython 3.14's reader misreads some names that are not ASCII (task names, "
                                   "file names outside Latin-1): they show as \\x00 sequences.)", color))
     if skipped["threads"] or skipped["tasks"]:

@@ -51,6 +51,9 @@ ARMED_MAGIC = "monstack-armed 1"
 MAX_OUTPUT = 16 << 20
 #: The most entries of a private directory looked at (its user could fill it).
 MAX_ENTRIES = 10_000
+#: ``"3.14.0"``: this interpreter's version as text (its own: the remote script has no
+#: monstack._env to read it from).
+VERSION_TEXT = ".".join(map(str, sys.version_info[:3]))
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _DIRECTORY = getattr(os, "O_DIRECTORY", 0)
@@ -458,10 +461,9 @@ def plain_report(note: str, why: str = "monstack not imported") -> str:
     this = sys._getframe().f_code.co_filename  # this file, or "<string>" in the remote script
     ours = (this, "<string>", os.path.join(os.path.dirname(this), "_dumpsig.py"))
     frames = sys._current_frames()
-    version = ".".join(map(str, sys.version_info[:3]))
     now = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     lines = [
-        f"monstack dump: process {os.getpid()}, CPython {version}, {why}: stacks without origins, {now}, "
+        f"monstack dump: process {os.getpid()}, CPython {VERSION_TEXT}, {why}: stacks without origins, {now}, "
         f"{len(frames)} threads\n",
         f"({esc(note)})\n",
     ]

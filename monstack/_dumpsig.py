@@ -121,6 +121,7 @@ def _arm(signum: int) -> None:
         _armed.extend(_dumpproto.arm(signum))
     except (OSError, _dumpproto.Refused) as exc:
         warn_once(
+            "monstack-dump-unarmed",
             f"{DUMP_SIGNAL_ENV}: python -m monstack dump cannot find this process's handler "
             f"({exc}); a plain kill still writes the report to stderr"
         )
@@ -195,11 +196,12 @@ def start(state: Any = None) -> None:
         import threading
 
         if threading.current_thread() is not threading.main_thread():
-            warn_once(f"{DUMP_SIGNAL_ENV}={raw.strip()}: install() ran outside the main thread; no dump signal")
+            warn_once("monstack-no-dump-signal",
+                      f"{DUMP_SIGNAL_ENV}={raw.strip()}: install() ran outside the main thread; no dump signal")
             return
         why = refusal(name)
         if why is not None:
-            warn_once(f"{DUMP_SIGNAL_ENV}={raw.strip()}: {why}; no dump signal")
+            warn_once("monstack-no-dump-signal", f"{DUMP_SIGNAL_ENV}={raw.strip()}: {why}; no dump signal")
             return
         signum = getattr(signal, name)
         _preload()  # before the handler can run
@@ -207,7 +209,8 @@ def start(state: Any = None) -> None:
         _installed.append((signum, previous))
         _arm(signum)
     except Exception as exc:
-        warn_once(f"{DUMP_SIGNAL_ENV}: the handler could not be installed ({type(exc).__name__}: {exc})")
+        warn_once("monstack-no-dump-signal",
+                  f"{DUMP_SIGNAL_ENV}: the handler could not be installed ({type(exc).__name__}: {exc})")
 
 
 def stop(state: Any = None) -> None:

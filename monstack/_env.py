@@ -9,7 +9,17 @@ from __future__ import annotations
 import os
 import sys
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Optional
+
+#: The running version, for the facts below: no module but this one compares versions
+#: (tests/unit/test_env.py fails on a comparison elsewhere); they read a named fact instead.
 PYVERSION: tuple[int, int, int] = sys.version_info[:3]
+#: ``"3.13"``: the running version as text (``lib/python3.13``, messages, reports).
+VERSION_TAG: str = f"{PYVERSION[0]}.{PYVERSION[1]}"
+#: ``"3.13.1"``: the same with the micro version (report headings).
+VERSION_TEXT: str = ".".join(map(str, PYVERSION))
 IMPLEMENTATION: str = sys.implementation.name
 CPYTHON: bool = IMPLEMENTATION == "cpython"
 
@@ -144,6 +154,40 @@ REMOTE_DEBUGGING: bool = PYVERSION[:2] >= REMOTE_DEBUGGING_SINCE and hasattr(sys
 
 #: ``traceback.TracebackException.format(colorize=...)`` exists (3.13+).
 COLORIZED_TRACEBACKS: bool = PYVERSION[:2] >= (3, 13)
+
+
+def remote_debugging_in(version: Optional[tuple[int, int]] = None) -> bool:
+    """A process of CPython ``version`` (``(major, minor)``; None: this one's) can be read
+    from outside: ``sys.remote_exec`` and ``_remote_debugging`` (see ``REMOTE_DEBUGGING``)."""
+    return (PYVERSION[:2] if version is None else version) >= REMOTE_DEBUGGING_SINCE
+
+
+def is_this_version(version: tuple[int, int]) -> bool:
+    """``version`` (``(major, minor)``, another process's) is this interpreter's."""
+    return tuple(version) == PYVERSION[:2]
+
+
+# -- version facts: what changed in CPython that monstack's Python code has to follow ------
+
+#: ``frame.f_locals`` of a function's frame is a proxy that reads the frame's slots (PEP
+#: 667, gh-74929, 3.13). Before, reading it copies the fast locals into a dict kept on the
+#: frame: a side effect on a frame that is running.
+FRAME_LOCALS_PROXY: bool = PYVERSION[:2] >= (3, 13)
+#: Unraisable exceptions carry a message formatted with ``PyErr_FormatUnraisable``
+#: (gh-108082, 3.13): a ``_thread.start_new_thread`` function's failure reads
+#: "Exception ignored in thread started by <function>" (3.11/3.12: "... started by: <function>").
+FORMAT_UNRAISABLE: bool = PYVERSION[:2] >= (3, 13)
+#: The import system and ``python script.py`` set a module's ``__cached__`` (``None`` for a
+#: script); 3.15 sets it no more (gh-65961).
+SETS_CACHED: bool = PYVERSION[:2] < (3, 15)
+#: The native ``sys.monitoring`` callbacks exist for this version (``NATIVE_CALLBACK_VERSIONS``).
+NATIVE_CALLBACKS_FOR_VERSION: bool = PYVERSION[:2] in NATIVE_CALLBACK_VERSIONS
+#: The 3.11 eval_frame shim (PEP 523) is built for this version: CPython 3.11 only (3.12+
+#: have ``sys.monitoring``).
+EVALFRAME_FOR_VERSION: bool = PYVERSION[:2] == (3, 11)
+#: A PEP 523 eval_frame function is called for every Python frame, ``__getitem__``'s
+#: included: 3.11.0-3.11.3 skip it there (gh-104405, fixed in 3.11.4).
+EVALFRAME_SEES_GETITEM: bool = PYVERSION >= (3, 11, 4)
 
 #: Where a generator frame linked in by ``gen.throw()`` sits while the frames it delegates
 #: to run: its ``yield from``/``await`` suspension point. 3.11/3.12: the YIELD_VALUE it

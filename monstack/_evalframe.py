@@ -50,10 +50,6 @@ BLOB = "evalframe311"
 STACK_MARGIN = 256 * 1024
 
 
-#: First 3.11 release whose interpreter calls eval_frame for every Python frame
-#: (3.11.0-3.11.3 skip it for ``__getitem__`` frames: CPython gh-104405).
-MIN_311 = (3, 11, 4)
-
 #: A C-API function through a private ctypes prototype (GIL held, errors checked).
 _api_fn = _loader.api_function
 
@@ -356,11 +352,10 @@ def _static_reason() -> Optional[str]:
         return f"needs CPython (this is {_env.IMPLEMENTATION})"
     if _env.DEBUG_BUILD:
         return "a debug build of CPython (reference-count debugging) is not supported"
-    v = _env.PYVERSION
-    if v[:2] != (3, 11):
-        return f"the eval_frame shim is for CPython 3.11 (this is {v[0]}.{v[1]}.{v[2]})"
-    if v < MIN_311:
-        return (f"CPython {v[0]}.{v[1]}.{v[2]} does not call eval_frame for __getitem__ frames "
+    if not _env.EVALFRAME_FOR_VERSION:
+        return f"the eval_frame shim is for CPython 3.11 (this is {_env.VERSION_TEXT})"
+    if not _env.EVALFRAME_SEES_GETITEM:
+        return (f"CPython {_env.VERSION_TEXT} does not call eval_frame for __getitem__ frames "
                 "(gh-104405, fixed in 3.11.4)")
     if not _env.LINUX:
         return f"no shim code for {sys.platform} (Linux only)"
@@ -716,7 +711,8 @@ class EvalFrameBackend:
             # this install (it comes back with the next install)
             self.host.distrust()
             warn(
-                "monstack: another tool replaced monstack's eval_frame function "
+                "monstack-eval-frame-replaced",
+                "another tool replaced monstack's eval_frame function "
                 f"({self._replaced_by:#x}); snapshots now walk the real frames (slower). "
                 "Call monstack.uninstall()/install() after that tool is done."
             )

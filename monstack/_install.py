@@ -183,11 +183,11 @@ def _uninstall_locked() -> None:
             try:
                 hook(state)
             except Exception as exc:  # keep undoing the rest
-                warn(f"monstack: an uninstall step failed: {exc!r}")
+                warn("monstack-uninstall-failed", f"an uninstall step failed: {exc!r}")
         try:
             _propagate.stop()
         except Exception as exc:
-            warn(f"monstack: undoing propagation failed: {exc!r}")
+            warn("monstack-uninstall-failed", f"undoing propagation failed: {exc!r}")
     finally:
         state.backend.stop()
 
@@ -209,7 +209,7 @@ def _on_internal_error(exc: BaseException) -> None:
         pass
     if not _failure_reported:
         _failure_reported = True
-        warn(f"monstack: internal error in tracking ({type(exc).__name__}: {exc}); tracking turned off")
+        warn("monstack-internal-error", f"internal error in tracking ({type(exc).__name__}: {exc}); tracking turned off")
 
 
 #: What every backend this module starts may call back into.

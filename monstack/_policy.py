@@ -43,7 +43,7 @@ def library_dirs() -> list[str]:
     if os.name != "posix":  # pragma: no cover (Windows)
         return _library_dirs_sysconfig()
     dirs: set[str] = set()
-    lib = f"python{sys.version_info[0]}.{sys.version_info[1]}{'t' if _env.FREE_THREADED else ''}"
+    lib = f"python{_env.VERSION_TAG}{'t' if _env.FREE_THREADED else ''}"
     platlibdir = getattr(sys, "platlibdir", "lib")
     dirs.add(_norm_dir(os.path.join(sys.base_prefix, platlibdir, lib)))  # stdlib
     for prefix in {sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix}:  # platstdlib

@@ -285,7 +285,7 @@ def _patch_failed(name: str, exc: BaseException) -> None:
         return
     FAILED[name] = f"{type(exc).__name__}: {exc}"
     try:
-        warn(f"monstack: could not patch propagation point {name!r} ({FAILED[name]}); "
+        warn("monstack-patch-failed", f"could not patch propagation point {name!r} ({FAILED[name]}); "
              "work it creates gets no origin")
     except Exception:
         pass

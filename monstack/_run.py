@@ -2,7 +2,7 @@
 
 The program runs in this process, as ``python script.py`` / ``python -m module`` would run
 it (a new ``__main__`` module with the same ``__file__``, ``__spec__`` and globals, the same
-``sys.argv`` and ``sys.path[0]``: tests/test_run.py compares them with plain python), with
+``sys.argv`` and ``sys.path[0]``: tests/unit/test_run.py compares them with plain python), with
 monstack installed first. So its exit
 code and the signals it receives need no forwarding: an uncaught exception exits 1 after
 the usual traceback, ``SystemExit`` and ``KeyboardInterrupt`` behave as under plain
@@ -22,7 +22,7 @@ import sys
 from types import ModuleType, TracebackType
 from typing import Any, NoReturn, Optional, Sequence
 
-from . import _settings, _startup
+from . import _env, _settings, _startup
 
 PROG = "python -m monstack run"
 USAGE = f"{PROG} [options] (script.py | -m module) [args ...]"
@@ -221,7 +221,7 @@ def _run_file(script: str) -> None:
     namespace = main.__dict__
     namespace["__loader__"] = loader
     namespace["__file__"] = filename
-    if sys.version_info < (3, 15):  # 3.15 no longer sets it
+    if _env.SETS_CACHED:  # (3.15 no longer sets it)
         namespace["__cached__"] = None
     sys.modules["__main__"] = main
     try:

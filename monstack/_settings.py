@@ -336,8 +336,14 @@ class Config:
         self.options: dict[str, Any] = {}
         #: Parsed value of every set-and-valid variable, by variable name.
         self.values: dict[str, Any] = {}
-        #: One message per bad variable.
+        #: One warning's text (its id first: ``_problem``) per bad variable.
         self.problems: list[str] = []
+
+
+def _problem(slug: str, text: str) -> str:
+    """A warning's text: its id (docs/messages.md), then what is wrong. ``_errors.message``
+    spelled here, as this module imports nothing (a test compares the two)."""
+    return f"{slug}: {text}"
 
 
 def _bad(var: str, raw: str, valid: str, default: str) -> str:
@@ -362,7 +368,7 @@ def read_env(environ: Optional[Mapping[str, str]] = None) -> Config:
     config = Config()
     config.enabled, problem = parse_enabled(env.get(ENABLE_VAR))
     if problem:
-        config.problems.append(problem)
+        config.problems.append(_problem("monstack-bad-value", problem))
     for setting in SETTINGS:
         raw = env.get(setting.var)
         if raw is None or not raw.strip():
@@ -370,7 +376,7 @@ def read_env(environ: Optional[Mapping[str, str]] = None) -> Config:
         try:
             value = setting.parse(raw)
         except BadValue as exc:
-            config.problems.append(_bad(setting.var, raw, exc.valid, setting.default))
+            config.problems.append(_problem("monstack-bad-value", _bad(setting.var, raw, exc.valid, setting.default)))
             continue
         config.values[setting.var] = value
         if setting.option is not None:
@@ -378,7 +384,7 @@ def read_env(environ: Optional[Mapping[str, str]] = None) -> Config:
     for name in env:
         problem = unknown_variable(name)
         if problem is not None:
-            config.problems.append(problem)
+            config.problems.append(_problem("monstack-unknown-variable", problem))
     if "backend" not in config.options:
         # Explicit, so install() does not read a bad MONSTACK_BACKEND again and raise.
         config.options["backend"] = "auto"

@@ -13,6 +13,7 @@ child processes through the same variables.
 
 from __future__ import annotations
 
+from ._errors import message, warn_message_once
 from ._errors import warn_once as warn
 from ._settings import ENABLE_VAR, Config, read_env
 
@@ -41,13 +42,13 @@ def boot(environ: Optional[Mapping[str, str]] = None, *, again: bool = False) ->
         config = read_env(environ)
         problems = config.problems
         if not config.enabled:  # off: only a bad MONSTACK itself is worth a word
-            problems = [p for p in problems if p.startswith(ENABLE_VAR + "=")]
+            problems = [p for p in problems if p.startswith(message("monstack-bad-value", ENABLE_VAR + "="))]
         for problem in problems:
-            warn(problem)
+            warn_message_once(problem)
         if config.enabled:
             result = install_config(config)
     except Exception as exc:
-        warn(f"start-up failed ({type(exc).__name__}: {exc}); the program runs without monstack")
+        warn("monstack-startup-failed", f"start-up failed ({type(exc).__name__}: {exc}); the program runs without monstack")
     if environ is None:
         _booted[:] = [result]
     return result
@@ -61,11 +62,11 @@ def install_config(config: Config) -> Optional[str]:
         return install(**config.options)
     except Exception as exc:
         settings = ", ".join(f"{k}={v!r}" for k, v in sorted(config.options.items()))
-        warn(f"install({settings}) failed ({type(exc).__name__}: {exc}); using the defaults")
+        warn("monstack-install-failed", f"install({settings}) failed ({type(exc).__name__}: {exc}); using the defaults")
     try:
         return install(backend="auto")
     except Exception as exc:
-        warn(f"install() failed ({type(exc).__name__}: {exc}); the program runs without monstack")
+        warn("monstack-install-failed", f"install() failed ({type(exc).__name__}: {exc}); the program runs without monstack")
         return None
 
 

@@ -1,4 +1,4 @@
-"""Task functions for tests/test_dask.py, imported by name on the Dask workers (a
+"""Task functions for tests/integration/test_dask.py, imported by name on the Dask workers (a
 module of its own: the workers need not import pytest or the test module). Lines
 marked ``# @name`` are looked up by the tests."""
 

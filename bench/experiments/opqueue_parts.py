@@ -54,7 +54,7 @@ _CAPTURE_BUILD = """    PyObject *snap = ms_build_snapshot(st, 0);
     if (snap != NONE) {"""
 
 #: variant -> (text of native/sysmon.c, its replacement); each text occurs exactly once
-#: (tests/test_bench.py checks that they still do).
+#: (tests/integration/test_bench.py checks that they still do).
 EDITS: Dict[str, Tuple[str, str]] = {
     "no-context": (
         """    if (API.PyContextVar_Get(st->origin_var, NULL, &origin) < 0) {

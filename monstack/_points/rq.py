@@ -97,7 +97,7 @@ def recognise(job_mod: Any) -> Any:
 
 
 def _internal_error(where: str, exc: BaseException) -> None:
-    warn_once(f"monstack: the rq point failed in {where} ({type(exc).__name__}: {exc}); "
+    warn_once("monstack-point-failed", f"the rq point failed in {where} ({type(exc).__name__}: {exc}); "
               "jobs run without an origin there")
 
 

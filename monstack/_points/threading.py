@@ -231,7 +231,7 @@ def _report_unraisable(exc: BaseException, function: Any) -> bool:
         return False
         return False
     try:
-        if _env.PYVERSION[:2] >= (3, 13):
+        if _env.FORMAT_UNRAISABLE:
             head = f"Exception ignored in thread started by {function!r}:\n"
         else:
             head = f"Exception ignored in thread started by: {function!r}\n"

@@ -1,4 +1,4 @@
-"""The Celery app of tests/test_celery.py. The workers the tests start import it
+"""The Celery app of tests/integration/test_celery.py. The workers the tests start import it
 (``celery -A celery_app worker``, broker and result serializer from the environment);
 the tests build their own client apps with ``make_app``. Task bodies name their lines
 with ``# @marker`` comments."""

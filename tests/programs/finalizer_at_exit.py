@@ -1,7 +1,7 @@
 """Finalizers that snapshot at interpreter exit, after monstack's own atexit handler (on
 3.11 it makes the eval_frame shim inert: snapshots must then walk the real frames, right
 and without a "another tool replaced monstack's eval_frame function" warning). Run by
-tests/test_stack.py (test_finalizer_programs). Prints "mismatches: N" from the last
+tests/unit/test_stack.py (test_finalizer_programs). Prints "mismatches: N" from the last
 atexit handler (registered first, so it runs after monstack's)."""
 import atexit
 import gc

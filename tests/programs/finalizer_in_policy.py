@@ -3,7 +3,7 @@ first evaluation (3.11: the evalframe shim's policy call, which nothing tracks).
 
 Its first snapshot rebuilds the shadow stack from the real frames; those nodes are never
 popped and the frames it calls next are never pushed, so its next snapshots answer
-stale from the fast path. Found by a fuzzer; run by tests/test_stack.py
+stale from the fast path. Found by a fuzzer; run by tests/unit/test_stack.py
 (test_finalizers_run_inside_monstack_machinery). Prints "mismatches: N".
 """
 import gc

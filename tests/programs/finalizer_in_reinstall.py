@@ -1,7 +1,7 @@
 """An abandoned generator chain whose finalization (GeneratorExit, ``finally:`` blocks
 running user code that snapshots) happens inside monstack.uninstall()/install(): the
 cyclic GC fires in monstack's own code, where no events reach the backend. Snapshots
-taken by that code are stale afterwards. Found by a fuzzer; run by tests/test_stack.py
+taken by that code are stale afterwards. Found by a fuzzer; run by tests/unit/test_stack.py
 (test_finalizers_run_inside_monstack_machinery). Prints "mismatches: N".
 """
 import gc

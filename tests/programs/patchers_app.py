@@ -1,4 +1,4 @@
-"""A program for tests/test_patchers.py: another patcher of threads and pools (Sentry,
+"""A program for tests/integration/test_patchers.py: another patcher of threads and pools (Sentry,
 OpenTelemetry, wrapt, a functools.wraps-style patch, gevent) and monstack, in the order
 ``argv[2]`` names; prints what it saw as JSON.
 

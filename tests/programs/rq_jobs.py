@@ -1,4 +1,4 @@
-"""The jobs of tests/test_rq.py (and bench/rq_cost.py). The workers the tests start import
+"""The jobs of tests/integration/test_rq.py (and bench/rq_cost.py). The workers the tests start import
 them by name (``rq_jobs.boom``); job bodies name their lines with ``# @marker`` comments."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Sentry scenarios for tests/test_sentry.py, run in a process of their own (Sentry's
+"""Sentry scenarios for tests/integration/test_sentry.py, run in a process of their own (Sentry's
 integrations patch threading for good): argv[1] is the order (``sentry-first``,
 ``monstack-first``, ``env``: monstack on by MONSTACK=1, Sentry imported later), argv[2] a
 DSN or ``none``; prints one JSON line per scenario: the events ``before_send`` kept."""
