@@ -33,7 +33,7 @@ writes ``.pyc`` files (not under ``-B``/``PYTHONDONTWRITEBYTECODE``; never an er
 install: most container images) and there is no valid one, nothing is recorded (recording
 compiles every module from its source: 5x the start-up of ``python -c pass``, for a file
 that would never be written). The start-up modules (``_STARTED``/``_FINISHED``, which
-tests/test_boot.py checks against a recording) are then created as the recorded ones are
+tests/integration/test_boot.py checks against a recording) are then created as the recorded ones are
 and run from their ``.pyc`` files, which the installer wrote (``pip`` compiles at install
 time), loaded and checked by their own ``SourceFileLoader`` as the import system does,
 without its finders and module locks; the modules the boot imports on demand
@@ -54,7 +54,7 @@ import sys
 route = ""
 
 #: The modules ``import monstack._startup`` imports, in the order they start and finish
-#: (tests/test_boot.py checks both against what a recording records), and the packages.
+#: (tests/integration/test_boot.py checks both against what a recording records), and the packages.
 _STARTED = ("monstack", "monstack._install", "monstack._capture", "monstack._stack", "monstack._env",
             "monstack._backend", "monstack._policy", "monstack._settings", "monstack._snapshot",
             "monstack._propagate", "monstack._points", "monstack._errors", "monstack._select", "monstack._startup")
