@@ -334,3 +334,29 @@ def test_the_boot_spells_the_switch_as_the_settings_do():
 
     assert _monstack_boot._SWITCH == _settings.STARTUP_CACHE_ENV
     assert _settings.STARTUP_CACHE_ENV in [s.var for s in _settings.SETTINGS]
+
+
+def warm(site: Path) -> subprocess.CompletedProcess:
+    e = {k: v for k, v in os.environ.items() if not k.startswith(("MONSTACK", "PYTHON"))}
+    e.update(PYTHONPATH=str(site), PYTHONDONTWRITEBYTECODE="1")
+    return subprocess.run([sys.executable, "-m", "monstack", "warm"], env=e, cwd=site.parent, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_warm_writes_what_a_start_up_that_writes_nothing_then_uses(site):
+    """``python -m monstack warm`` (an image build with PYTHONDONTWRITEBYTECODE set) writes
+    the start-up cache and the native code's verdict; a start-up under
+    PYTHONDONTWRITEBYTECODE then runs from the cache."""
+    compile_all(site)
+    out = warm(site)
+    assert (out.returncode, out.stderr) == (0, ""), out.stderr
+    assert f"start-up cache: ready ({cache_file(site)})" in out.stdout
+    assert cache_file(site).is_file()
+    assert boot(site, write=False)["route"] == "cache"
+
+
+def test_warm_says_so_when_it_cannot_write(site):
+    (site / "__pycache__").write_text("")  # (a file where the directory should be)
+    out = warm(site)
+    assert out.returncode == 1 and "start-up cache: NOT written" in out.stdout
+    assert "monstack warm: not everything could be written" in out.stderr
