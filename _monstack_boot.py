@@ -235,6 +235,8 @@ class _Cache:
 
         self.marshal = marshal
         self.magic = sys.modules["_frozen_importlib_external"].MAGIC_NUMBER
+        self.future = type(sys)("__future__")  # (see _exec)
+        self.future.annotations = object()
         modules: dict = {}
         try:
             for name in _STARTED:
@@ -244,7 +246,7 @@ class _Cache:
                 sys.modules[name] = modules[name]
             for name in _FINISHED:
                 module = modules[name]
-                exec(self._bytecode(module.__spec__), module.__dict__)
+                self._exec(self._bytecode(module.__spec__), module)
                 sys.modules[name] = sys.modules.pop(name)
                 parent, _, child = name.rpartition(".")
                 if parent:
@@ -255,6 +257,26 @@ class _Cache:
                     del sys.modules[name]
             return None
         return modules["monstack._startup"]
+
+    def _exec(self, code, module) -> None:
+        """Run a module's ``.pyc`` code. Its ``from __future__ import annotations`` (a
+        compiler directive; run, a statement that imports ``__future__``: ~0.9M
+        instructions, a module the program never asked for) finds a stand-in in
+        ``sys.modules`` while monstack's code runs, unless the real one is there; the
+        name it binds is taken out again, so the modules are as the start-up cache
+        leaves them (no ``__future__``, no ``annotations``)."""
+        modules = sys.modules
+        future = self.future
+        lend = "__future__" not in modules
+        if lend:
+            modules["__future__"] = future
+        try:
+            exec(code, module.__dict__)
+        finally:
+            if lend and modules.get("__future__") is future:
+                del modules["__future__"]
+            if module.__dict__.get("annotations") is future.annotations:
+                del module.__dict__["annotations"]
 
     def _bytecode(self, spec):
         """The code of ``spec``'s module from its ``.pyc`` file, checked as the import
@@ -403,7 +425,7 @@ class _Cache:
         loader = self.loaders.pop(name)
         module.__loader__ = module.__spec__.loader = loader  # what the program sees
         if not self.recording:
-            exec(self._bytecode(module.__spec__), module.__dict__)
+            self._exec(self._bytecode(module.__spec__), module)
             return
         start = len(self.done)
         entry = self.entries.get(name)

@@ -47,6 +47,7 @@ print(json.dumps({
     "code_file": monstack._install.install.__code__.co_filename,
     "extra": {k: getattr(sys.modules[k], "MARK", None) for k in names},
     "future": "__future__" in sys.modules,
+    "annotations_name": hasattr(monstack._install, "annotations"),
     "hints": monstack._install.install.__annotations__,
     "line": monstack._install.install.__code__.co_firstlineno,
 }))
@@ -140,6 +141,11 @@ def test_without_writing_bytecode_nothing_is_recorded_and_the_bytecode_is_run(si
     assert sorted(p.name for p in site.rglob("*.pyc")) == pycs  # nothing written
     same_view(imports, view)
     assert view["extra"]["monstack._errors"] is None
+    # as the start-up cache leaves them: no __future__ (the modules' imports of it found a
+    # stand-in), no `annotations` name, the annotations the same strings
+    assert imports["future"] is True and view["future"] is False
+    assert view["hints"] == imports["hints"] and all(isinstance(v, str) for v in view["hints"].values())
+    assert view["annotations_name"] is False and imports["annotations_name"] is True
 
 
 def test_the_bytecode_route_runs_an_edited_source_as_edited(site):
@@ -360,3 +366,10 @@ def test_warm_says_so_when_it_cannot_write(site):
     out = warm(site)
     assert out.returncode == 1 and "start-up cache: NOT written" in out.stdout
     assert "monstack warm: not everything could be written" in out.stderr
+
+
+def test_the_bytecode_route_leaves_a_real_future_module_as_it_is(site):
+    """Where ``__future__`` was imported before the boot, the modules' imports get it."""
+    compile_all(site)
+    view = boot(site, write=False, prelude="import __future__\n")
+    assert view["route"] == "bytecode" and view["future"] is True and view["annotations_name"] is True
