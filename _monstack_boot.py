@@ -33,11 +33,12 @@ writes ``.pyc`` files (not under ``-B``/``PYTHONDONTWRITEBYTECODE``; never an er
 install: most container images) and there is no valid one, nothing is recorded (recording
 compiles every module from its source: 5x the start-up of ``python -c pass``, for a file
 that would never be written). The start-up modules (``_STARTED``/``_FINISHED``, which
-tests/integration/test_boot.py checks against a recording) are then created as the recorded ones are
-and run from their ``.pyc`` files, which the installer wrote (``pip`` compiles at install
-time), loaded and checked by their own ``SourceFileLoader`` as the import system does,
-without its finders and module locks; the modules the boot imports on demand
-(``_ON_DEMAND``) get their spec without the path finder. Route "bytecode".
+tests/integration/test_boot.py checks against a recording) are then created as the
+recorded ones are and run from their ``.pyc`` files, which the installer wrote (``pip``
+compiles at install time), each checked against its source as the import system checks
+it, without its finders and module locks; the modules the boot imports on demand
+(``_ON_DEMAND``) get their spec without the path finder. Route "bytecode". ``python -m
+monstack warm`` writes the file (and the native code's verdict) for an image build.
 ``MONSTACK_STARTUP_CACHE=0`` (or false/no/off) turns it off: the file is neither read nor
 written, and the boot imports as the import system does.
 
@@ -54,7 +55,8 @@ import sys
 route = ""
 
 #: The modules ``import monstack._startup`` imports, in the order they start and finish
-#: (tests/integration/test_boot.py checks both against what a recording records), and the packages.
+#: (tests/integration/test_boot.py checks both against what a recording records), and
+#: the packages among them.
 _STARTED = ("monstack", "monstack._install", "monstack._capture", "monstack._stack", "monstack._env",
             "monstack._backend", "monstack._policy", "monstack._settings", "monstack._snapshot",
             "monstack._propagate", "monstack._points", "monstack._errors", "monstack._select", "monstack._startup")
@@ -294,7 +296,7 @@ class _Cache:
                 code = self.marshal.loads(memoryview(data)[16:])
                 sys.modules["_imp"]._fix_co_filename(code, origin)
                 return code
-        except (OSError, TypeError):
+        except Exception:  # (unreadable, another layout): as the import system would
             pass
         return spec.loader.get_code(spec.name)
 
