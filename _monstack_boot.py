@@ -28,6 +28,17 @@ finders, no earlier ``monstack`` on ``sys.path``); anything else (a missing or s
 a shadowing package, an import hook, code that raises) takes the regular imports, and a
 start-up that imported something not recorded writes the file again, as the import system
 writes ``.pyc`` files (not under ``-B``/``PYTHONDONTWRITEBYTECODE``; never an error).
+
+**Where the file cannot be written** (``-B``, ``PYTHONDONTWRITEBYTECODE``, a read-only
+install: most container images) and there is no valid one, nothing is recorded (recording
+compiles every module from its source: 5x the start-up of ``python -c pass``, for a file
+that would never be written). The start-up modules (``_STARTED``/``_FINISHED``, which
+tests/integration/test_boot.py checks against a recording) are then created as the
+recorded ones are and run from their ``.pyc`` files, which the installer wrote (``pip``
+compiles at install time), each checked against its source as the import system checks
+it, without its finders and module locks; the modules the boot imports on demand
+(``_ON_DEMAND``) get their spec without the path finder. Route "bytecode". ``python -m
+monstack warm`` writes the file (and the native code's verdict) for an image build.
 ``MONSTACK_STARTUP_CACHE=0`` (or false/no/off) turns it off: the file is neither read nor
 written, and the boot imports as the import system does.
 
@@ -38,9 +49,26 @@ imported before pytest starts, and this marker keeps pytest from warning about i
 
 import sys
 
-#: How the last boot imported monstack: "cache" (the start-up cache), "imports" (the
-#: import system), or "" (not booted in this process).
+#: How the last boot imported monstack: "cache" (the start-up cache), "bytecode" (the
+#: start-up modules run from their ``.pyc`` files: the cache can neither be used nor
+#: written), "imports" (the import system), or "" (not booted in this process).
 route = ""
+
+#: The modules ``import monstack._startup`` imports, in the order they start and finish
+#: (tests/integration/test_boot.py checks both against what a recording records), and
+#: the packages among them.
+_STARTED = ("monstack", "monstack._install", "monstack._capture", "monstack._stack", "monstack._env",
+            "monstack._backend", "monstack._policy", "monstack._settings", "monstack._snapshot",
+            "monstack._propagate", "monstack._points", "monstack._errors", "monstack._select", "monstack._startup")
+_FINISHED = ("monstack._env", "monstack._stack", "monstack._backend", "monstack._settings", "monstack._policy",
+             "monstack._snapshot", "monstack._capture", "monstack._points", "monstack._errors",
+             "monstack._propagate", "monstack._select", "monstack._install", "monstack", "monstack._startup")
+_PACKAGES = ("monstack", "monstack._points")
+#: Plain modules (no package of the name) the boot may import on demand, depending on the
+#: settings; the bytecode route gives them their spec without the path finder.
+_ON_DEMAND = ("monstack._sysmon", "monstack._cdata", "monstack._native", "monstack._accel", "monstack._evalframe",
+              "monstack._walk", "monstack._points.threading", "monstack._origin", "monstack._points.reports",
+              "monstack._dumpsig")
 
 _FORMAT = 2  # the cache file's layout (2: code compiled by _compile)
 _FUTURE = b"\nfrom __future__ import annotations\n"
@@ -84,6 +112,10 @@ def _boot(os) -> None:
     try:
         startup = cache.run_recorded()
         route = "cache" if startup is not None else "imports"
+        if startup is None and not cache.writable():  # nothing to record for
+            cache.recording = False
+            startup = cache.run_bytecode()
+            route = "bytecode" if startup is not None else "imports"
         if startup is None:
             import monstack._startup as startup
         cache.eager = False  # from here on: what the boot imports on demand
@@ -124,6 +156,7 @@ class _Cache:
         #   .pyc path below base or None, what its body imported: names, in the order they finished)
         self.loaders: dict = {}  # name -> the real loader, while its module loads
         self.done: list = []  # every monstack module this boot ran, in the order they finished
+        self.recording = True  # False: the file cannot be written; serve specs, record nothing
 
     @classmethod
     def for_this_interpreter(cls, os):
@@ -176,6 +209,116 @@ class _Cache:
             self.entries, self.started, self.finished = {}, [], []
             return None
         return modules["monstack._startup"]
+
+    def writable(self) -> bool:
+        """Could ``save`` write the file? Not under ``-B``/``PYTHONDONTWRITEBYTECODE``, nor
+        where its directory (or the nearest existing one above it) is not writable."""
+        if sys.dont_write_bytecode:
+            return False
+        os = self.os
+        path = self.path
+        for _ in range(8):
+            path = path[: path.rfind(os.sep)] or os.sep
+            try:
+                if os.path.isdir(path):
+                    return os.access(path, os.W_OK)
+            except Exception:
+                return False
+        return False
+
+    def run_bytecode(self):
+        """Run the start-up modules (``_STARTED``) from their ``.pyc`` files, each loaded
+        by its ``SourceFileLoader`` as the import system loads it (the ``.pyc`` checked
+        against the source, or the source compiled), without the finders and module
+        locks; ``monstack._startup``, or None (then the import system)."""
+        if any(name in sys.modules for name in _STARTED):
+            return None
+        import marshal
+
+        self.marshal = marshal
+        self.magic = sys.modules["_frozen_importlib_external"].MAGIC_NUMBER
+        self.future = type(sys)("__future__")  # (see _exec)
+        self.future.annotations = object()
+        modules: dict = {}
+        try:
+            for name in _STARTED:
+                modules[name] = sys.modules["_frozen_importlib"].module_from_spec(self._file_spec(name))
+                modules[name].__spec__._initializing = False
+            for name in _STARTED:
+                sys.modules[name] = modules[name]
+            for name in _FINISHED:
+                module = modules[name]
+                self._exec(self._bytecode(module.__spec__), module)
+                sys.modules[name] = sys.modules.pop(name)
+                parent, _, child = name.rpartition(".")
+                if parent:
+                    setattr(sys.modules[parent], child, module)
+        except Exception:  # the import system will say what is wrong
+            for name, module in modules.items():
+                if sys.modules.get(name) is module:
+                    del sys.modules[name]
+            return None
+        return modules["monstack._startup"]
+
+    def _exec(self, code, module) -> None:
+        """Run a module's ``.pyc`` code. Its ``from __future__ import annotations`` (a
+        compiler directive; run, a statement that imports ``__future__``: ~0.9M
+        instructions, a module the program never asked for) finds a stand-in in
+        ``sys.modules`` while monstack's code runs, unless the real one is there; the
+        name it binds is taken out again, so the modules are as the start-up cache
+        leaves them (no ``__future__``, no ``annotations``)."""
+        modules = sys.modules
+        future = self.future
+        lend = "__future__" not in modules
+        if lend:
+            modules["__future__"] = future
+        try:
+            exec(code, module.__dict__)
+        finally:
+            if lend and modules.get("__future__") is future:
+                del modules["__future__"]
+            if module.__dict__.get("annotations") is future.annotations:
+                del module.__dict__["annotations"]
+
+    def _bytecode(self, spec):
+        """The code of ``spec``'s module from its ``.pyc`` file, checked as the import
+        system checks it (magic number, timestamp-based, the source's mtime and size),
+        read directly; anything else (no such file, another kind of ``.pyc``, a changed
+        source) as its ``SourceFileLoader`` gets it (which may compile the source)."""
+        origin = spec.origin
+        try:
+            st = self.os.stat(origin)
+            with open(spec.cached, "rb") as f:
+                data = f.read()
+            if (data[:4] == self.magic and data[4:8] == b"\0\0\0\0"
+                    and int.from_bytes(data[8:12], "little") == int(st.st_mtime) & 0xFFFFFFFF
+                    and int.from_bytes(data[12:16], "little") == st.st_size & 0xFFFFFFFF):
+                code = self.marshal.loads(memoryview(data)[16:])
+                sys.modules["_imp"]._fix_co_filename(code, origin)
+                return code
+        except Exception:  # (unreadable, another layout): as the import system would
+            pass
+        return spec.loader.get_code(spec.name)
+
+    def _file_spec(self, name: str):
+        """The spec the path finder makes for monstack module ``name`` (one of
+        ``_STARTED`` or ``_ON_DEMAND``), from its name; ``cached`` as ``cache_from_source``
+        gives it (spelt out in the usual case: no prefix, no ``-O``; else computed when read)."""
+        external = sys.modules["_frozen_importlib_external"]
+        sep = self.os.sep
+        package = name in _PACKAGES
+        origin = self.base + name.replace(".", sep) + (sep + "__init__.py" if package else ".py")
+        spec = sys.modules["_frozen_importlib"].ModuleSpec(
+            name, external.SourceFileLoader(name, origin), origin=origin, is_package=package
+        )
+        spec.has_location = True
+        at = origin.rfind(sep)
+        if package:
+            spec.submodule_search_locations.append(origin[:at])
+        tag = sys.implementation.cache_tag
+        if tag is not None and sys.pycache_prefix is None and not sys.flags.optimize:
+            spec.cached = origin[:at] + sep + "__pycache__" + sep + origin[at + 1 : -3] + "." + tag + ".pyc"
+        return spec
 
     def _check(self, data: bytes):
         """The recorded lists and entries, if every recorded source is unchanged (raises if not)."""
@@ -238,6 +381,13 @@ class _Cache:
     def find_spec(self, name: str, path=None, target=None):
         if name != "monstack" and not name.startswith("monstack."):
             return None
+        if not self.recording:  # (the bytecode route) a known plain module: its spec
+            if name in _ON_DEMAND and self.os.path.isfile(self.base + name.replace(".", self.os.sep) + ".py"):
+                spec = self._file_spec(name)
+                self.loaders[name] = spec.loader  # (exec_module loads its .pyc directly)
+                spec.loader = self
+                return spec
+            return None
         try:
             return self._find_spec(name, path, target)
         except Exception:  # (never expected): the other finders, as without the cache
@@ -276,6 +426,9 @@ class _Cache:
         name = module.__name__
         loader = self.loaders.pop(name)
         module.__loader__ = module.__spec__.loader = loader  # what the program sees
+        if not self.recording:
+            self._exec(self._bytecode(module.__spec__), module)
+            return
         start = len(self.done)
         entry = self.entries.get(name)
         if entry is not None:
@@ -318,7 +471,7 @@ class _Cache:
 
     def save(self) -> None:
         """Write the cache if this boot recorded something new; never raises."""
-        if not self.changed or not self.complete or sys.dont_write_bytecode:
+        if not self.recording or not self.changed or not self.complete or sys.dont_write_bytecode:
             return
         if "monstack" not in self.finished or "monstack._startup" not in self.finished:
             return

@@ -3,7 +3,16 @@
 
 For each CPython given (default: every 3.11-3.15 found as ``tests/run-all.sh`` finds
 them), a fresh venv gets monstack from a wheel built once from a copy of this checkout
-(``pip install`` of the wheel: a regular, non-editable install, with the ``.pth``), then:
+(``pip install`` of the wheel: a regular, non-editable install, with the ``.pth``; pip
+writes the ``.pyc`` files), then, in each of four cases:
+
+- **warm**: the start-up cache and the native code's verdict written by a first
+  ``MONSTACK=1`` run (what a writable install has from its second start-up on);
+- **PYTHONDONTWRITEBYTECODE=1**, **-B** (most container images) and **read-only** (the
+  venv's site-packages mounted read-only in a private mount namespace, ``unshare -m``;
+  without it, made unwritable with ``chmod``, which root ignores): neither file exists nor
+  can be written, so every start-up runs without them (the ``.pyc`` route and the native
+  code's checks); both modes of a round run under the same condition;
 
 - **start-up**: ``python -c pass`` without and with ``MONSTACK=1``, the two modes
   interleaved round by round (order alternating); each measurement is the best of two
@@ -26,7 +35,7 @@ them), a fresh venv gets monstack from a wheel built once from a copy of this ch
 
 ::
 
-    python3 bench/startup_cost.py [--rounds 15] [--valgrind] [--json] [PYTHON ...]
+    python3 bench/startup_cost.py [--rounds 15] [--valgrind] [--json] [--cases warm,-B,...] [PYTHON ...]
 
 Needs network or a local index for nothing: the wheel is built with the running
 interpreter's pip (``--no-build-isolation`` when setuptools 70.1+ is importable here).
@@ -137,12 +146,59 @@ def importtime(vpy: str, env: dict[str, str]) -> dict[str, int]:
     return out
 
 
-def measure(vpy: str, rounds: int, valgrind: bool = False) -> dict:
-    off, on = clean_env(), clean_env(MONSTACK="1")
-    # (this first MONSTACK=1 start-up writes the start-up cache, as a user's first one does)
-    run([vpy, "-c", "pass"], env=on)
-    route, backend, native = run([vpy, "-c", STATUS], env=on).stdout.split(None, 2)
-    cmd = [vpy, "-c", "pass"]
+CASES = ("warm", "PYTHONDONTWRITEBYTECODE=1", "-B", "read-only")
+
+
+def site_packages(vpy: str) -> str:
+    return run([vpy, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], env=clean_env()).stdout.strip()
+
+
+def forget(vpy: str) -> None:
+    """Remove the start-up cache and the verdicts a start-up wrote (a fresh install)."""
+    for path in glob.glob(os.path.join(site_packages(vpy), "__pycache__", "*")):
+        if path.endswith((".modules", ".verdict")):
+            os.unlink(path)
+
+
+def measure_case(vpy: str, case: str, rounds: int, valgrind: bool = False) -> dict:
+    """``measure`` in one of CASES; "read-only" in a private mount namespace where the
+    venv's site-packages is mounted read-only (``unshare -m``, as root), else with its
+    directories made unwritable."""
+    if case == "warm":
+        return measure(vpy, rounds, valgrind)
+    forget(vpy)
+    if case != "read-only":
+        return measure(vpy, rounds, valgrind, case)
+    site = site_packages(vpy)
+    me = [sys.executable, os.path.abspath(__file__), "--_read-only-measure", vpy, "--rounds", str(rounds)]
+    if valgrind:
+        me.append("--valgrind")
+    if os.geteuid() == 0 and shutil.which("unshare"):
+        inner = f"mount --bind -o ro {site} {site} && exec " + " ".join(map(repr, me))
+        out = run(["unshare", "-m", "sh", "-c", inner], env=clean_env())
+        return json.loads(out.stdout)
+    dirs = [d for d, _, _ in os.walk(site)]
+    modes = {d: os.stat(d).st_mode for d in dirs}
+    try:
+        for d in dirs:
+            os.chmod(d, 0o555)
+        return measure(vpy, rounds, valgrind, case)
+    finally:
+        for d, mode in modes.items():
+            os.chmod(d, mode)
+
+
+def measure(vpy: str, rounds: int, valgrind: bool = False, case: str = "warm") -> dict:
+    extra = dict([case.split("=", 1)]) if "=" in case else {}
+    off, on = clean_env(**extra), clean_env(MONSTACK="1", **extra)
+    flags = [case] if case.startswith("-") else []
+    # (warm: this first MONSTACK=1 start-up writes the start-up cache and the verdict, as
+    # a user's first one does; the other cases write nothing)
+    run([vpy, *flags, "-c", "pass"], env=on)
+    route, backend, native = run([vpy, *flags, "-c", STATUS], env=on).stdout.split(None, 2)
+    if case != "warm" and route == "cache":
+        raise SystemExit(f"{case}: a start-up cache was used")
+    cmd = [vpy, *flags, "-c", "pass"]
     timed(cmd, off), timed(cmd, on)  # warm-up (page cache, .pyc files)
     ratios, cpu_ratios, t_off, t_on, c_off, c_on = [], [], [], [], [], []
     for i in range(rounds):
@@ -162,20 +218,8 @@ def measure(vpy: str, rounds: int, valgrind: bool = False) -> dict:
                       env=env).stderr
             refs = [line for line in err.splitlines() if "I" in line and "refs:" in line]
             instructions[mode] = int(refs[-1].split("refs:")[1].replace(",", "").strip())
-    imports, installs = [], []
-    for _ in range(rounds):
-        a, b = map(float, run([vpy, "-c", INSTALL_TIME], env=off).stdout.split())
-        imports.append(a)
-        installs.append(b)
-    added: dict[str, list[int]] = {}
-    for _ in range(5):
-        base = importtime(vpy, off)
-        with_ms = importtime(vpy, on)
-        for name, us in with_ms.items():
-            if name not in base:
-                added.setdefault(name, []).append(us)
-    added_med = {k: min(v) for k, v in added.items()}
-    return {
+    common = {
+        "case": case,
         "python": run([vpy, "-c", "import sys; print(sys.version.split()[0])"]).stdout.strip(),
         "backend": backend,
         "native": native.strip(),
@@ -190,6 +234,25 @@ def measure(vpy: str, rounds: int, valgrind: bool = False) -> dict:
         "cpu_ratio_max": max(cpu_ratios),
         "cpu_ms_off": 1000 * statistics.median(c_off),
         "cpu_ms_on": 1000 * statistics.median(c_on),
+        "instructions": instructions,
+    }
+    if case != "warm":
+        return common
+    imports, installs = [], []
+    for _ in range(rounds):
+        a, b = map(float, run([vpy, "-c", INSTALL_TIME], env=off).stdout.split())
+        imports.append(a)
+        installs.append(b)
+    added: dict[str, list[int]] = {}
+    for _ in range(5):
+        base = importtime(vpy, off)
+        with_ms = importtime(vpy, on)
+        for name, us in with_ms.items():
+            if name not in base:
+                added.setdefault(name, []).append(us)
+    added_med = {k: min(v) for k, v in added.items()}
+    return {
+        **common,
         "import_ms": 1000 * min(imports),
         "install_ms": 1000 * min(installs),
         "instructions": instructions,
@@ -205,17 +268,38 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--valgrind", action="store_true", help="also count instructions (needs valgrind)")
+    parser.add_argument("--cases", default=",".join(CASES), help="comma-separated, of: " + ", ".join(CASES))
+    parser.add_argument("--_read-only-measure", dest="read_only", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.read_only:  # (inside the private mount namespace of measure_case)
+        print(json.dumps(measure(args.read_only, args.rounds, args.valgrind, "read-only")))
+        return 0
+    cases = [c.strip() for c in args.cases.split(",") if c.strip()]
+    if set(cases) - set(CASES):
+        parser.error(f"unknown case(s): {', '.join(sorted(set(cases) - set(CASES)))} (cases: {', '.join(CASES)})")
+    cases.sort(key=lambda c: c == "warm")  # (warm last: it writes what the others must not find)
     pythons = args.pythons or find_pythons()
     results = []
     with tempfile.TemporaryDirectory(prefix="monstack-startup-") as work:
+        os.chmod(work, 0o755)
         wheel = build_wheel(work)
         for python in pythons:
             vpy = make_venv(python, work, wheel)
-            r = measure(vpy, args.rounds, args.valgrind)
-            results.append(r)
-            if not args.json:
-                print(f"CPython {r['python']} ({r['backend']}, {r['native']}, start-up {r['route']}): MONSTACK=1 python -c pass = "
+            for case in cases:
+                r = measure_case(vpy, case, args.rounds, args.valgrind)
+                results.append(r)
+                if args.json:
+                    continue
+                if r["case"] != "warm":
+                    print(f"CPython {r['python']} [{r['case']}] ({r['backend']}, {r['native']}, start-up {r['route']}): "
+                          f"CPU time {r['cpu_ratio']:.2f}x [{r['cpu_ratio_min']:.2f}-{r['cpu_ratio_max']:.2f}] "
+                          f"({r['cpu_ms_on']:.1f} vs {r['cpu_ms_off']:.1f} ms); wall {r['ratio']:.2f}x "
+                          f"[{r['ratio_min']:.2f}-{r['ratio_max']:.2f}]" + (
+                              f"; instructions {r['instructions']['on'] / r['instructions']['off']:.2f}x"
+                              if r["instructions"] else ""))
+                    sys.stdout.flush()
+                    continue
+                print(f"CPython {r['python']} [warm] ({r['backend']}, {r['native']}, start-up {r['route']}): MONSTACK=1 python -c pass = "
                       f"{r['ratio']:.2f}x [{r['ratio_min']:.2f}-{r['ratio_max']:.2f}] of python -c pass "
                       f"({r['ms_on']:.1f} vs {r['ms_off']:.1f} ms wall); CPU time {r['cpu_ratio']:.2f}x "
                       f"[{r['cpu_ratio_min']:.2f}-{r['cpu_ratio_max']:.2f}] ({r['cpu_ms_on']:.1f} vs "

@@ -1,4 +1,4 @@
-"""``python -m monstack`` -- demo | info | run | dump | bench (and ``--version``)."""
+"""``python -m monstack`` -- demo | info | warm | run | dump | bench (and ``--version``)."""
 
 from __future__ import annotations
 
@@ -57,6 +57,51 @@ _INTERNALS = frozenset({"shim counters", "C stack reserve", "native checks", "na
 
 
 
+#: What ``warm``'s children run: the boot (a no-op where the ``.pth`` line already ran
+#: it), then how it went and where the files are, as JSON.
+_WARM_CHILD = """
+import json, os, sys, _monstack_boot
+_monstack_boot.main()
+from monstack import _native
+cache = _monstack_boot._Cache.for_this_interpreter(os)
+print(json.dumps({"route": _monstack_boot.route, "cache": cache.path if cache is not None else None,
+                  "verdicts": {_native.verdict_path(n): how != "at load" for n, how in _native.checked.items()}}))
+"""
+
+
+def _warm(args: argparse.Namespace) -> int:
+    """Write the start-up cache and the native code's verdict for this interpreter now,
+    whatever ``PYTHONDONTWRITEBYTECODE`` says (an image build), then check that a start-up
+    that writes nothing uses them. Optional: without them, such a start-up takes the
+    ``.pyc`` route."""
+    import json
+    import os
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONDONTWRITEBYTECODE", "MONSTACK_STARTUP_CACHE")}
+    env["MONSTACK"] = "1"
+    facts = []
+    for extra in ({}, {"PYTHONDONTWRITEBYTECODE": "1"}):  # write, then read as a container would
+        out = subprocess.run([sys.executable, "-c", _WARM_CHILD], env=dict(env, **extra), capture_output=True,
+                             text=True)
+        sys.stderr.write(out.stderr)
+        try:
+            facts.append(json.loads(out.stdout.splitlines()[-1]))
+        except (ValueError, IndexError):
+            sys.stderr.write(f"monstack warm: the start-up failed (exit code {out.returncode})\n")
+            return 1
+    after = facts[1]
+    ok = after["route"] == "cache" and all(after["verdicts"].values())
+    sys.stdout.write(f"start-up cache: {'ready' if after['route'] == 'cache' else 'NOT written'} "
+                     f"({after['cache'] or 'not usable with this install'})\n")
+    for path, ready in after["verdicts"].items():
+        sys.stdout.write(f"native code's verdict: {'ready' if ready else 'NOT written'} ({path})\n")
+    if not ok:
+        sys.stderr.write("monstack warm: not everything could be written (a read-only install? run it where the "
+                         "install is written, as its owner)\n")
+    return 0 if ok else 1
+
+
 def _demo(args: argparse.Namespace) -> int:
     from monstack import _demo
 
@@ -95,12 +140,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     parser = OneLineParser(prog="python -m monstack", description="monstack: where did this work come from?")
     parser.add_argument("--version", action="version", version=_version())
-    commands = ("demo", "info", *_OWN_PARSER)
+    commands = ("demo", "info", "warm", *_OWN_PARSER)
     sub = parser.add_subparsers(dest="command", required=True, metavar="{" + ",".join(commands) + "}")
     sub.add_parser("demo", help="a background thread fails; see the line that created its work").set_defaults(func=_demo)
     i = sub.add_parser("info", help="version, interpreter, backend and why")
     i.add_argument("--verbose", "-v", action="store_true", help="also the backend's internals (counters, addresses)")
     i.set_defaults(func=_info)
+    sub.add_parser("warm", help="write the start-up cache now (an image build: -B and read-only start-ups use it)"
+                   ).set_defaults(func=_warm)
     for name, (_module, text) in _OWN_PARSER.items():
         sub.add_parser(name, add_help=False, help=text)
     args = parser.parse_args(argv)

@@ -9,6 +9,7 @@ import io
 import os
 import sys
 
+from . import _env
 from ._settings import env_color
 
 TYPE_CHECKING = False
@@ -51,6 +52,25 @@ def can_colorize(file: Optional[IO[str]] = None) -> bool:
             return bool(file.isatty())
         except Exception:
             return False
+
+
+def for_report(file: Optional[IO[str]], cpython_colours: bool = True) -> bool:
+    """Whether a report monstack prints in place of CPython's (an uncaught exception's)
+    is coloured: ``MONSTACK_COLOR`` if set, else CPython's own decision for that report:
+    none where CPython does not colour it (``cpython_colours`` false: before 3.13, and
+    ``threading.excepthook``'s), else ``_colorize.can_colorize(file=file)`` (3.13+: what
+    the default ``sys.excepthook`` asks; :func:`can_colorize` where it is missing)."""
+    forced = env_color()
+    if forced is not None:
+        return forced
+    if not cpython_colours or not _env.COLORIZED_TRACEBACKS:
+        return False
+    try:
+        import _colorize  # type: ignore[import-not-found]
+
+        return bool(_colorize.can_colorize(file=file))
+    except Exception:
+        return can_colorize(file)
 
 
 def resolve(color: Optional[bool], file: Optional[IO[str]] = None) -> bool:

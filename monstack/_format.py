@@ -115,8 +115,10 @@ def format_records(records: Sequence[Sequence], color: bool = False, limit: Opti
 
 
 def format_snapshot(snap, color: Optional[bool] = None, limit: Optional[int] = None, file: Optional[IO[str]] = None) -> str:
-    """A snapshot's frames, as ``traceback.format_list`` would lay them out."""
-    return "".join(format_records(snap._display_records(), resolve(color, file), limit))
+    """A snapshot's frames, as ``traceback.format_list`` would lay them out, without the
+    last line's newline (``print(snap.format())`` prints no empty line)."""
+    text = "".join(format_records(snap._display_records(), resolve(color, file), limit))
+    return text[:-1] if text.endswith("\n") else text
 
 
 def heading(text: str, color: bool) -> str:
@@ -172,10 +174,11 @@ def has_frames(snap) -> bool:
         return False
 
 
-def origin_note(snap) -> str:
-    """The plain-text origin chain as one PEP 678 note ("" when it has no frames)."""
+def origin_note(snap, color: bool = False) -> str:
+    """The origin chain as one PEP 678 note ("" when it has no frames); coloured only for
+    a report monstack prints itself (never a note an exception keeps)."""
     try:
-        return "".join(format_origin(snap, color=False)).rstrip("\n")
+        return "".join(format_origin(snap, color=color)).rstrip("\n")
     except Exception:
         return ORIGIN_HEADING + "\n  (monstack: the origin could not be formatted)"
 
@@ -202,7 +205,7 @@ def _traceback_lines(exc: BaseException, color: bool, drop_origin_note: bool, or
             kept = [n for n in notes if not is_origin_note(n)]
             te.__notes__ = kept or None  # type: ignore[attr-defined]
     if origins is not None:
-        _origin_notes(te, exc, origins, top)
+        _origin_notes(te, exc, origins, top, color)
     if color and _COLORIZE_TRACEBACKS:
         return list(te.format(colorize=True))  # type: ignore[call-arg]
     return list(te.format())
@@ -232,10 +235,11 @@ def _hide_own_frames(te) -> None:
         todo.extend(getattr(t, "exceptions", None) or ())
 
 
-def _origin_notes(te: Any, exc: BaseException, origins: Any, top: bool = False) -> None:
+def _origin_notes(te: Any, exc: BaseException, origins: Any, top: bool = False, color: bool = False) -> None:
     """Give each TracebackException below ``te`` (causes, contexts, group members: the
     ones ``te`` rendered from ``exc``'s; ``te`` too if ``top``) a note with its
-    exception's origin."""
+    exception's origin, coloured as the rest of the report when ``color`` (CPython prints
+    notes as they are; the exceptions' own notes are not touched)."""
     seen: set = set()
     todo: list = []
 
@@ -257,8 +261,8 @@ def _origin_notes(te: Any, exc: BaseException, origins: Any, top: bool = False) 
         seen.add(id(t))
         try:
             snap = origins(e)
-            note = origin_note(snap) if snap is not None else ""
-            if note and note.startswith(ORIGIN_HEADING):
+            note = origin_note(snap, color) if snap is not None else ""
+            if note and note.startswith((ORIGIN_HEADING, ANSI.BOLD + ORIGIN_HEADING)):
                 notes = [n for n in (getattr(t, "__notes__", None) or ()) if not is_origin_note(n)]
                 t.__notes__ = notes + [note]
         except Exception:

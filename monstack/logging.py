@@ -3,7 +3,9 @@
 - :class:`OriginFilter` adds ``record.monstack_origin`` (the current origin, a
   :class:`monstack.Snapshot`, or None) and ``record.monstack_where`` (``"file:line in
   func"`` of the origin's innermost frame, ``""`` if none) to each record, so a format string
-  can show ``%(monstack_where)s``. Usable from ``dictConfig`` (``"()":
+  can show ``%(monstack_where)s``, and ``record.monstack_created_at`` (``" [created at
+  file:line in func]"``, ``""`` if none: ``"%(message)s%(monstack_created_at)s"`` prints no
+  empty brackets for a line logged outside any work). Usable from ``dictConfig`` (``"()":
   "monstack.logging.OriginFilter"``).
 - :class:`OriginFormatter` (or :class:`OriginFormatterMixin` on your own formatter) prints
   the origin chain after the traceback of records with ``exc_info``, and the causal stack
@@ -29,6 +31,7 @@ __all__ = ["OriginFilter", "OriginFormatter", "OriginFormatterMixin", "annotate"
 #: Record attributes set by :func:`annotate`.
 ORIGIN_ATTR = "monstack_origin"
 WHERE_ATTR = "monstack_where"
+CREATED_AT_ATTR = "monstack_created_at"
 #: The heading of an origin chain (also of the PEP 678 note monstack adds to exceptions).
 ORIGIN_HEADING = "Work created at (most recent call last):"
 
@@ -55,7 +58,8 @@ def where(snap: Optional[Snapshot]) -> str:
 
 
 def annotate(record: logging.LogRecord) -> logging.LogRecord:
-    """Add ``monstack_origin``/``monstack_where`` to ``record`` unless it already has them.
+    """Add ``monstack_origin``/``monstack_where``/``monstack_created_at`` to ``record``
+    unless it already has them.
 
     The first call wins, so the origin is the one of the thread that logged (a filter on
     the logger or the QueueHandler runs there). Called from another thread than the one
@@ -70,12 +74,15 @@ def annotate(record: logging.LogRecord) -> logging.LogRecord:
     except Exception:
         origin = None
     setattr(record, ORIGIN_ATTR, origin)
-    setattr(record, WHERE_ATTR, where(origin))
+    text = where(origin)
+    setattr(record, WHERE_ATTR, text)
+    setattr(record, CREATED_AT_ATTR, f" [created at {text}]" if text else "")
     return record
 
 
 class OriginFilter(logging.Filter):
-    """Adds ``record.monstack_origin`` and ``record.monstack_where``; never drops a record.
+    """Adds ``record.monstack_origin``, ``record.monstack_where`` and
+    ``record.monstack_created_at``; never drops a record.
 
     Attach it where the record is still in the thread that logged it: a logger, or a
     handler such as ``QueueHandler`` (handlers run in the logging thread).
@@ -101,7 +108,7 @@ def _origin_text(snap: Snapshot, color: bool) -> str:
         parts: list[str] = []
         hop: Optional[Snapshot] = snap
         while hop is not None and len(parts) < 8:
-            parts.append(ORIGIN_HEADING + "\n" + hop.format(color=False))
+            parts.append(ORIGIN_HEADING + "\n" + hop.format(color=False) + "\n")
             hop = hop.origin
         return "".join(parts)
     except Exception:
@@ -199,5 +206,6 @@ class OriginFormatter(OriginFormatterMixin, logging.Formatter):
 
     Takes the usual ``fmt``, ``datefmt``, ``style`` (and ``validate``, ``defaults``), so
     ``dictConfig`` can name it as ``"class": "monstack.logging.OriginFormatter"``; the
-    fields ``%(monstack_where)s`` and ``%(monstack_origin)s`` always exist for it.
+    fields ``%(monstack_where)s``, ``%(monstack_created_at)s`` and ``%(monstack_origin)s``
+    always exist for it.
     """

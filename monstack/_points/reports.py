@@ -48,10 +48,14 @@ def _has_origins(origin: Any, exc: Any) -> bool:
         return False
 
 
-def _render(origin: Any, exc: BaseException, file: Any) -> str:
-    """What the default hooks print for ``exc``, with each origin as a note of its exception."""
+def _render(origin: Any, exc: BaseException, file: Any, cpython_colours: bool = True) -> str:
+    """What the default hooks print for ``exc``, with each origin as a note of its
+    exception: coloured as CPython colours that report (``_colorize.for_report``), the
+    origins too."""
     _format = origin._fmt()  # (the formatting core loads with the first report)
-    color = _format.resolve(None, file)
+    from .._colorize import for_report
+
+    color = for_report(file, cpython_colours)
     return "".join(_format._traceback_lines(exc, color, True, origin._lookup, top=True))
 
 
@@ -115,8 +119,8 @@ def _default_thread_report(origin: Any, args: Any, original: Callable[..., Any])
         stderr = getattr(thread, "_stderr", None) if thread is not None else None
         if stderr is None:
             return None
-    try:
-        text = _render(origin, args.exc_value, stderr)
+    try:  # (threading's own hook never colours)
+        text = _render(origin, args.exc_value, stderr, cpython_colours=False)
     except Exception:
         return original(args)
     name = thread.name if thread is not None else sys.modules["_thread"].get_ident()

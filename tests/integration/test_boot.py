@@ -47,6 +47,7 @@ print(json.dumps({
     "code_file": monstack._install.install.__code__.co_filename,
     "extra": {k: getattr(sys.modules[k], "MARK", None) for k in names},
     "future": "__future__" in sys.modules,
+    "annotations_name": hasattr(monstack._install, "annotations"),
     "hints": monstack._install.install.__annotations__,
     "line": monstack._install.install.__code__.co_firstlineno,
 }))
@@ -69,22 +70,27 @@ def cache_file(site: Path) -> Path:
     return site / "__pycache__" / f"_monstack_boot.{tag}{opt}.modules"
 
 
-def boot(site: Path, *, path: list[Path] | None = None, write: bool = True, **env: str) -> dict:
+def boot(site: Path, *, path: list[Path] | None = None, write: bool = True, flags: list[str] = [],
+         prelude: str = "", **env: str) -> dict:
     """A fresh ``python -S`` that runs what the ``.pth`` line runs, then PROBE."""
     e = {k: v for k, v in os.environ.items() if not k.startswith(("MONSTACK", "PYTHON"))}
     e.update(MONSTACK="1", PYTHONPATH=os.pathsep.join(str(p) for p in (path or [site])), **env)
     if not write:
         e["PYTHONDONTWRITEBYTECODE"] = "1"
-    code = "import _monstack_boot; _monstack_boot.main()\n" + PROBE
-    out = subprocess.run([sys.executable, "-S", "-c", code], env=e, cwd=site.parent,
+    code = prelude + "import _monstack_boot; _monstack_boot.main()\n" + PROBE
+    out = subprocess.run([sys.executable, "-S", *flags, "-c", code], env=e, cwd=site.parent,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stderr == "", out.stderr
     return json.loads(out.stdout)
 
 
 def same_view(a: dict, b: dict) -> None:
-    """What the program sees is the same, whichever route the boot took."""
+    """What the program sees is the same, whichever route the boot took (but for
+    ``__future__``, which only the recorded code does without: the modules' bytecode
+    imports it, as the import system's does)."""
     for key in ("order", "modules", "attrs", "backend", "stack", "code_file", "hints", "line"):
+        if key == "modules":
+            a[key], b[key] = ([m for m in v[key] if m != "__future__"] for v in (a, b))
         assert a[key] == b[key], key
 
 
@@ -116,9 +122,69 @@ def test_the_recorded_code_keeps_the_annotations_and_lines_without_importing_fut
     assert view["route"] == "cache"
 
 
-def test_without_writing_bytecode_nothing_is_written_and_the_imports_are_used(site):
-    assert boot(site, write=False)["route"] == "imports"
+def compile_all(site: Path) -> None:
+    """The ``.pyc`` files an installer writes (pip compiles at install time)."""
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(site)], check=True, capture_output=True,
+                   env={k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"})
+
+
+@pytest.mark.parametrize("how", ["env", "-B"])
+def test_without_writing_bytecode_nothing_is_recorded_and_the_bytecode_is_run(site, how):
+    """``PYTHONDONTWRITEBYTECODE``/``-B`` (container images): no cache file can be written,
+    so nothing is recorded (recording compiles every module) and the start-up modules run
+    from the installer's ``.pyc`` files, as the import system would run them."""
+    compile_all(site)
+    pycs = sorted(p.name for p in site.rglob("*.pyc"))
+    imports = boot(site, MONSTACK_STARTUP_CACHE="0")
+    view = boot(site, write=False) if how == "env" else boot(site, flags=["-B"])
+    assert view["route"] == "bytecode" and not cache_file(site).exists()
+    assert sorted(p.name for p in site.rglob("*.pyc")) == pycs  # nothing written
+    same_view(imports, view)
+    assert view["extra"]["monstack._errors"] is None
+    # as the start-up cache leaves them: no __future__ (the modules' imports of it found a
+    # stand-in), no `annotations` name, the annotations the same strings
+    assert imports["future"] is True and view["future"] is False
+    assert view["hints"] == imports["hints"] and all(isinstance(v, str) for v in view["hints"].values())
+    assert view["annotations_name"] is False and imports["annotations_name"] is True
+
+
+def test_the_bytecode_route_runs_an_edited_source_as_edited(site):
+    compile_all(site)
+    with open(site / "monstack" / "_errors.py", "a") as f:  # its .pyc is now stale
+        f.write("\nMARK = 'edited'\n")
+    view = boot(site, write=False)
+    assert view["route"] == "bytecode" and view["extra"]["monstack._errors"] == "edited"
     assert not cache_file(site).exists()
+
+
+def test_an_unwritable_install_records_nothing_and_runs_the_bytecode(site):
+    compile_all(site)
+    modes = {p: p.stat().st_mode for p in [site, *site.rglob("*")] if p.is_dir()}
+    # (root may write into a directory without write permission: there, the answer of a
+    # read-only file system, EROFS, is made up for the site's directories)
+    prelude = "" if os.geteuid() else (
+        "import os; _access = os.access; os.access = lambda p, m, **k: "
+        f"False if m == os.W_OK and str(p).startswith({str(site)!r}) else _access(p, m, **k)\n")
+    for p in modes:
+        p.chmod(0o555)
+    try:
+        view = boot(site, prelude=prelude)
+    finally:
+        for p, mode in modes.items():
+            p.chmod(mode)
+    assert view["route"] == "bytecode" and not cache_file(site).exists()
+
+
+def test_the_bytecode_routes_module_lists_are_what_a_recording_records(site):
+    """``_STARTED``/``_FINISHED`` are written out in ``_monstack_boot``: a start-up module
+    that imports another module must be listed there too."""
+    import _monstack_boot
+
+    boot(site)
+    _form, _magic, started, finished, entries = marshal.loads(cache_file(site).read_bytes())
+    assert (started, finished) == (_monstack_boot._STARTED, _monstack_boot._FINISHED)
+    assert {n for n, e in entries.items() if not e[4]} <= set(_monstack_boot._ON_DEMAND)
+    assert {n for n, e in entries.items() if e[0].endswith("__init__.py")} == set(_monstack_boot._PACKAGES)
 
 
 def test_an_edited_source_is_run_as_edited_and_the_cache_written_again(site):
@@ -154,7 +220,7 @@ def test_recorded_code_that_raises_falls_back_to_the_imports(site):
     entries["monstack._settings"] = (rel, mtime, size, compile("raise RuntimeError('x')", rel, "exec"), *rest)
     cache_file(site).write_bytes(marshal.dumps(data[:4] + (entries,)))
     view = boot(site, write=False)
-    assert view["route"] == "imports"
+    assert view["route"] == "bytecode"  # (no file can be written: the .pyc route)
     same_view(boot(site), view)
 
 
@@ -274,3 +340,36 @@ def test_the_boot_spells_the_switch_as_the_settings_do():
 
     assert _monstack_boot._SWITCH == _settings.STARTUP_CACHE_ENV
     assert _settings.STARTUP_CACHE_ENV in [s.var for s in _settings.SETTINGS]
+
+
+def warm(site: Path) -> subprocess.CompletedProcess:
+    e = {k: v for k, v in os.environ.items() if not k.startswith(("MONSTACK", "PYTHON"))}
+    e.update(PYTHONPATH=str(site), PYTHONDONTWRITEBYTECODE="1")
+    return subprocess.run([sys.executable, "-m", "monstack", "warm"], env=e, cwd=site.parent, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_warm_writes_what_a_start_up_that_writes_nothing_then_uses(site):
+    """``python -m monstack warm`` (an image build with PYTHONDONTWRITEBYTECODE set) writes
+    the start-up cache and the native code's verdict; a start-up under
+    PYTHONDONTWRITEBYTECODE then runs from the cache."""
+    compile_all(site)
+    out = warm(site)
+    assert (out.returncode, out.stderr) == (0, ""), out.stderr
+    assert f"start-up cache: ready ({cache_file(site)})" in out.stdout
+    assert cache_file(site).is_file()
+    assert boot(site, write=False)["route"] == "cache"
+
+
+def test_warm_says_so_when_it_cannot_write(site):
+    (site / "__pycache__").write_text("")  # (a file where the directory should be)
+    out = warm(site)
+    assert out.returncode == 1 and "start-up cache: NOT written" in out.stdout
+    assert "monstack warm: not everything could be written" in out.stderr
+
+
+def test_the_bytecode_route_leaves_a_real_future_module_as_it_is(site):
+    """Where ``__future__`` was imported before the boot, the modules' imports get it."""
+    compile_all(site)
+    view = boot(site, write=False, prelude="import __future__\n")
+    assert view["route"] == "bytecode" and view["future"] is True and view["annotations_name"] is True

@@ -332,3 +332,73 @@ class _PropertyNotes(Exception):
 def _this_line(marker: str) -> int:
     return next(i for i, line in enumerate(Path(__file__).read_text().splitlines(), 1)
                 if marker in line and "_this_line" not in line)
+
+
+# -- colour ---------------------------------------------------------------------------------------
+
+COLOURED = """\
+import concurrent.futures, logging, sys, threading
+import monstack
+from monstack.logging import OriginFormatter
+
+monstack.install(notes=NOTES)
+
+def job():
+    raise ValueError("boom")
+
+pool = concurrent.futures.ThreadPoolExecutor(1)
+future = pool.submit(job)  # @created
+try:
+    future.result()
+except ValueError as exc:
+    caught = exc
+    handler = logging.StreamHandler(sys.stdout)  # (stdout: the log, apart from the reports)
+    handler.setFormatter(OriginFormatter("%(message)s"))
+    logging.getLogger("t").addHandler(handler)
+    logging.getLogger("t").error("logged", exc_info=True)
+    print("notes:", repr(getattr(exc, "__notes__", None)))
+t = threading.Thread(target=pool.submit(job).result)  # (the thread's report)
+t.start(); t.join()
+sys.stderr.write("--- main\\n")
+raise caught
+"""
+
+
+def _coloured_block(err: str, start: int = 0) -> bool:
+    """The "Work created at" block from ``start`` on is coloured: its heading in bold, the
+    frame's file name in CPython's colour."""
+    at = err.index(HEADING, start)
+    return err[at - 4:at] == "\x1b[1m" and "\x1b[" in err[at:err.index("\n", err.index("File ", at))]
+
+
+def _plain(text: str) -> bool:
+    return "\x1b" not in text
+
+
+@pytest.mark.parametrize("notes", [False, True])
+@pytest.mark.parametrize("colour", ["FORCE_COLOR", "MONSTACK_COLOR", "NO_COLOR", "PYTHON_COLORS=0"])
+def test_the_reports_monstack_prints_colour_the_origin_as_cpython_colours_the_rest(tmp_path, colour, notes):
+    """Where monstack prints the report itself (``sys.excepthook``), the origin block is
+    coloured when CPython colours the traceback (3.13+: ``FORCE_COLOR``, ...), or
+    ``MONSTACK_COLOR=always``; ``NO_COLOR``/``PYTHON_COLORS=0`` keep it plain. The
+    thread's report is coloured only with ``MONSTACK_COLOR=always`` (CPython's threading
+    hook never colours). Logs and the exception's notes stay plain."""
+    extra = {"FORCE_COLOR": "1"} if colour == "FORCE_COLOR" else {"MONSTACK_COLOR": "always"} \
+        if colour == "MONSTACK_COLOR" else {"NO_COLOR": "1"} if colour == "NO_COLOR" else {"PYTHON_COLORS": "0"}
+    extra.pop("TERM", None)
+    out = run(COLOURED.replace("NOTES", str(notes)), tmp_path, TERM="xterm", **extra)
+    assert out.returncode == 1, out.stderr
+    thread_report, main_report = out.stderr.split("--- main\n")
+    assert HEADING in thread_report and HEADING in main_report
+    cpython_colours = colour == "FORCE_COLOR" and sys.version_info >= (3, 13)
+    if colour == "MONSTACK_COLOR" or cpython_colours:
+        assert _coloured_block(main_report)
+        assert ("\x1b[" in main_report[:main_report.index(HEADING) - 4]) == (sys.version_info >= (3, 13))
+    else:
+        assert _plain(main_report)
+    assert _coloured_block(thread_report) if colour == "MONSTACK_COLOR" else _plain(thread_report)
+    # the log (its formatter's colour is off by default: MONSTACK_COLOR=always is asked for
+    # here, so only the other cases) and the exception's notes
+    log, notes_line = out.stdout.rsplit("notes: ", 1)
+    assert HEADING in log and (colour == "MONSTACK_COLOR" or _plain(log))
+    assert _plain(notes_line) and (HEADING in notes_line) == notes

@@ -19,7 +19,7 @@ def monstack(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "monstack", *args], capture_output=True, text=True, env=env, timeout=120)
 
 
-COMMANDS = ("demo", "info", "run", "dump", "bench")
+COMMANDS = ("demo", "info", "warm", "run", "dump", "bench")
 
 
 def test_help_lists_every_command_and_no_other_is_accepted():

@@ -70,7 +70,7 @@ def test_missing_source_file_shows_frame_without_line(tmp_path):
     import linecache
 
     linecache.checkcache(str(path))
-    text = snap.format(color=False)
+    text = snap.format(color=False) + "\n"
     assert f'File "{path}", line 3, in f\n' in text
     assert "return monstack.snapshot()" not in text
 
@@ -148,7 +148,7 @@ def _restored_elsewhere(tmp_path, source_here):
 
 def test_a_restored_snapshot_shows_its_carried_line_when_its_file_is_missing_here(tmp_path):
     path, snap = _restored_elsewhere(tmp_path, None)
-    text = snap.format(color=False)
+    text = snap.format(color=False) + "\n"
     assert f'File "{path}", line 3, in f\n    return monstack.snapshot()  # made there\n' in text
 
 
@@ -176,7 +176,7 @@ def test_a_restored_snapshot_without_text_shows_no_line_and_reads_no_file(tmp_pa
 
     monkeypatch.setattr(linecache, "getline", no_reads)
     monkeypatch.setattr(linecache, "getlines", no_reads)
-    assert _format.format_snapshot(snap, color=False) == f'  File "{path}", line 2, in f\n'
+    assert _format.format_snapshot(snap, color=False) == f'  File "{path}", line 2, in f'
     assert snap.frames[0].line == ""
     import traceback
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import os
 import logging
 import logging.config
 import logging.handlers
@@ -360,3 +361,29 @@ def test_queue_listener_gets_the_emitting_threads_origin(installed):
     name = "test_queue_listener_gets_the_emitting_threads_origin"
     assert stream.getvalue() == f"from worker |{at(line, name)}|\nfrom main ||\n"
     assert unfiltered.getvalue() == "from worker ||\nfrom main ||\n"  # unknown, never the listener's
+
+
+def test_the_readmes_logging_recipe_prints_what_it_shows_and_no_empty_brackets(tmp_path):
+    """The README's "Logging" example, run as written, plus a line logged outside any
+    work: that line ends with the message (no ``[created at ]``)."""
+    import re
+    import subprocess
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme[readme.index("\n## Logging\n"):]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    shown = re.search(r"```text\n(.*?)```", section, re.S).group(1)
+    app = tmp_path / "app.py"
+    app.write_text(code + "for t in threading.enumerate():\n    t is threading.current_thread() or t.join()\n"
+                   "log.info('outside any work')\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MONSTACK")}
+    out = subprocess.run([sys.executable, str(app)], capture_output=True, text=True, env=env, timeout=60)
+    assert out.returncode == 0, out.stderr
+    lines = out.stderr.splitlines()
+    creator = code.splitlines().index(next(l for l in code.splitlines() if "<- the line" in l)) + 1
+    expect = [l.replace("/home/me/app.py", str(app)).replace(":19 ", f":{creator} ") for l in shown.splitlines()]
+    expect = [l for l in expect if not set(l.strip()) <= set("~^")]  # (3.11+ carets vary)
+    assert [l for l in lines if not set(l.strip()) <= set("~^")][: len(expect)] == [
+        l.replace(", line 15,", f", line {creator - 4},") for l in expect]
+    assert lines[-1] == "INFO outside any work"

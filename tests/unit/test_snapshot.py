@@ -46,6 +46,9 @@ def test_str_format_and_repr(installed):
     assert "    return monstack.snapshot()" in text
     assert text == snap.format(color=False)
     assert "\x1b[" in snap.format(color=True)
+    # no newline after the last line: print(snap.format()) prints no empty line
+    for color in (False, True):
+        assert not snap.format(color=color).endswith("\n")
     assert repr(snap).startswith("<monstack.Snapshot: ") and "in take" in repr(snap)
 
 
