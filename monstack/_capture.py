@@ -145,16 +145,34 @@ def snapshot() -> Snapshot:
         hops = 0
         # A framework taking the snapshot for its user: look through frames of files
         # already decided filtered, as the native path does; anything else: capture().
+        filtered_only = False
         while code.co_filename not in tracked:
-            if hops == _FILTERED_HOPS or by_file.get(code.co_filename) is not False:
+            if by_file.get(code.co_filename) is not False:
                 f = None
+                break
+            if hops == _FILTERED_HOPS:
+                f = None
+                filtered_only = True
                 break
             f = f.f_back
             if f is None:
+                filtered_only = True
                 break
             code = f.f_code
             hops += 1
-        if f is not None:
+        if filtered_only:
+            # Only filtered code on the stack (the user's code excluded by the policy, a
+            # framework's thread), or as far as the look goes: when the thread's shadow
+            # stack is empty too, that is the empty snapshot capture() would build after
+            # walking every frame (the same trust as the fast path's: the shadow stack is
+            # right below the frames it checks).
+            try:
+                empty = tls.cell[0] is None
+            except AttributeError:
+                empty = False
+            if empty:
+                return _new_snapshot(None, _UNKNOWN, _get_origin())
+        elif f is not None:
             try:
                 top = tls.cell[0]
             except AttributeError:
@@ -218,6 +236,7 @@ def snapshotter() -> Callable[[], Snapshot]:
 
 #: Filtered frames snapshot()'s inline path looks through (the native one: 16 too).
 _FILTERED_HOPS = 16
+_UNKNOWN = _stack.UNKNOWN
 _getframe = sys._getframe
 _new_snapshot = Snapshot._new
 _tuple_new = tuple.__new__

@@ -63,6 +63,8 @@ _SIDE: dict[int, tuple] = {}
 _get_ident = _thread.get_ident
 _running_get = RUNNING.get
 _running_pop = RUNNING.pop
+_set_origin = CURRENT_ORIGIN.set
+_reset_origin = CURRENT_ORIGIN.reset
 
 
 def _snap() -> Snapshot:
@@ -100,7 +102,7 @@ class _WithOrigin:
 
     def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
         snap = self._snap
-        token = CURRENT_ORIGIN.set(snap)
+        token = _set_origin(snap)
         ident = _get_ident()  # (for other threads: monstack.threads(), dump())
         prev = _running_get(ident)
         RUNNING[ident] = snap
@@ -119,7 +121,7 @@ class _WithOrigin:
             else:
                 RUNNING[ident] = prev
             try:
-                CURRENT_ORIGIN.reset(token)
+                _reset_origin(token)
             except Exception:  # entered another context in between: leave it be
                 pass
 

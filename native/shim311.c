@@ -1062,18 +1062,35 @@ static PyObject *build_snapshot(PyObject *self, int from_caller)
         goto decline;
     }
     PyObject *top = list_items(cell)[0];
-    if (!is_node(top)) {
+    /* An empty shadow stack with only frames of files known to be filtered looked at
+     * (the bottom reached, or the limit: the user's code excluded, a framework's
+     * thread): the empty snapshot, (None, -1), as snapshot()'s Python path answers. */
+    int empty = top == DATA.py_none;
+    if (!empty && !is_node(top)) {
         goto decline;
     }
+    Py_ssize_t lasti = -1;
     for (int hops = 0;; hops++) {
         if (f == 0) {
+            if (empty) {
+                goto found;
+            }
             goto decline;
         }
         int d = file_decision(f->f_code);
         if (LIKELY(d > 0)) {
+            if (empty) {
+                goto decline;
+            }
             break;
         }
-        if (d < 0 || hops == MS_FILTERED_HOPS) {
+        if (d < 0) {
+            goto decline;
+        }
+        if (hops == MS_FILTERED_HOPS) {
+            if (empty) {
+                goto found;
+            }
             goto decline;
         }
         f = complete_from(f->previous);
@@ -1082,10 +1099,11 @@ static PyObject *build_snapshot(PyObject *self, int from_caller)
     if (tuple_items(top)[0] != (PyObject *)f->f_code || Py_TYPE(site) != DATA.long_type || Py_SIZE(site) < 0) {
         goto decline;
     }
-    Py_ssize_t lasti = frame_lasti(f);
+    lasti = frame_lasti(f);
     if (lasti < 0) {
         goto decline;
     }
+found:;
     PyObject *origin = 0;
     if (DATA.PyContextVar_Get(DATA.origin_var, 0, &origin) < 0) {
         DATA.PyErr_Clear();

@@ -1295,24 +1295,27 @@ static inline int ms_fast_top(struct ms_state *st, PyThreadState *ts, int from_c
         return 0;
     }
     PyObject *top = ((PyListObject *)cell)->ob_item[0];
-    if (top == NONE || !IS_TYPE(top, tuple_type) || Py_SIZE(top) != 3 ||
-        PyTuple_GET_ITEM(top, 2) == st->unknown) {
+    int empty = top == NONE;
+    if (!empty && (!IS_TYPE(top, tuple_type) || Py_SIZE(top) != 3 || PyTuple_GET_ITEM(top, 2) == st->unknown)) {
         return 0;
     }
     /* snapshot()'s caller, or -- when that caller is filtered code, as when a framework
      * takes the snapshot for its user -- the nearest tracked frame above it, looking
      * through at most MS_FAST_FILTERED_HOPS known-filtered frames (C-stack entry frames
-     * are skipped, as frame.f_back skips them). Undecided code: the Python path. */
+     * are skipped, as frame.f_back skips them). Undecided code: the Python path. An
+     * empty shadow stack with only known-filtered frames looked at (the bottom reached,
+     * or the limit: the user's code excluded, a framework's thread) is the empty
+     * snapshot, (None, -1), as snapshot()'s Python path answers it. */
     _PyInterpreterFrame *caller = from_caller ? f->previous : f;
     PyCodeObject *code;
     int hops = 0;
     for (;;) {
         if (caller == NULL) {
-            return 0;
+            goto filtered_only;
         }
         code = ms_frame_code(caller);
         if (code != NULL) {
-            if (PyTuple_GET_ITEM(top, 0) == (PyObject *)code) {
+            if (!empty && PyTuple_GET_ITEM(top, 0) == (PyObject *)code) {
                 break;
             }
             if (!ms_known_filtered(st, code)) {
@@ -1320,7 +1323,7 @@ static inline int ms_fast_top(struct ms_state *st, PyThreadState *ts, int from_c
             }
         }
         if (++hops > MS_FAST_FILTERED_HOPS) {
-            return 0;
+            goto filtered_only;
         }
         caller = caller->previous;
     }
@@ -1330,6 +1333,13 @@ static inline int ms_fast_top(struct ms_state *st, PyThreadState *ts, int from_c
     }
     *top_out = top;
     *lasti_out = lasti;
+    return 1;
+filtered_only:
+    if (!empty) {
+        return 0;
+    }
+    *top_out = NONE;
+    *lasti_out = -1;
     return 1;
 }
 

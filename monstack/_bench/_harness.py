@@ -31,6 +31,7 @@ class Config:
         self.depths = (10, 50, 200)
         self.pool_tasks = 100_000
         self.pool_rounds = 3  # each run of 100k tasks is seconds long: fewer rounds
+        self.async_tasks = 20_000
         self.opqueue_ops = 1_800  # ~20 ms runs: pairs close in time (see _paired)
         self.opqueue_rounds = 21  # pairs (no capture, mode) per mode
         self.opqueue_depth = 30
@@ -58,11 +59,11 @@ class Config:
 CONFIGS = {
     "full": lambda: Config("full"),
     "quick": lambda: Config(
-        "quick", rounds=3, pool_tasks=800, pool_rounds=3, opqueue_ops=1_800, opqueue_rounds=5,
+        "quick", rounds=3, pool_tasks=800, async_tasks=4_000, pool_rounds=3, opqueue_ops=1_800, opqueue_rounds=5,
         crossover_layers=(0, 1), crossover_rounds=2, memory_snapshots=20_000, memory_walk_snapshots=1_000, diagnostics=False,
     ),
     "tiny": lambda: Config(
-        "tiny", rounds=1, target=0.0005, depths=(10, 50), pool_tasks=100, pool_rounds=1, opqueue_ops=240,
+        "tiny", rounds=1, target=0.0005, depths=(10, 50), pool_tasks=100, async_tasks=100, pool_rounds=1, opqueue_ops=240,
         opqueue_rounds=1, opqueue_depth=10, crossover_layers=(0, 1), crossover_rounds=1, memory_snapshots=1_000,
         memory_walk_snapshots=100, dump_threads=4, dump_depths=(10, 50), dump_report_depth=10,
     ),

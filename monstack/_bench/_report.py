@@ -118,6 +118,11 @@ def _print_tax(t: dict, w: Callable) -> None:
         cells = [(_rx(per[m]) if m in per else "-") for m in modes]
         w(f"  {wname:20s}{t['untracked seconds'][wname] * 1e3:>8.1f} ms" + "".join(f"{c:>26s}" for c in cells) + "\n")
     _print_invalid(t["ratios"], w)
+    for wname, per in t.get("us per hop", {}).items():
+        base = per.get("no monstack")
+        cells = ", ".join(f"{m} +{v['median']:.2f}" for m, v in per.items() if m != "no monstack")
+        if base:
+            w(f"  {wname}, us per hop: no monstack {base['median']:.2f}; added: {cells}\n")
     if t.get("note"):
         w(f"  note: {t['note']}\n")
     sizes = ", ".join(f"{k} {v}" for k, v in t["sizes"].items())

@@ -290,6 +290,7 @@ def tracking_tax(cfg: Config, w: Any = None) -> dict:
         fn(start)
         sizes[name] = calibrate(fn, cfg.target, start)
     sizes["thread pool"] = cfg.pool_tasks
+    sizes["asyncio tasks"] = cfg.async_tasks
     # the warm-up runs a quarter of the size: enough to decide the policy and specialise
     # each measurement gets new code objects (see _measure): cur[0] is the live module
     cur = [w]
@@ -307,27 +308,37 @@ def tracking_tax(cfg: Config, w: Any = None) -> dict:
         "exception-heavy": (lambda: cur[0].exception_heavy(sizes["exception-heavy"]), lambda: cur[0].exception_heavy(q("exception-heavy"))),
         "mixed": (lambda: cur[0].mixed(sizes["mixed"]), lambda: cur[0].mixed(q("mixed"))),
         "thread pool": (lambda: cur[0].pool_run(cfg.pool_tasks), lambda: cur[0].pool_run(q("thread pool"))),
+        "asyncio tasks": (lambda: cur[0].tasks_run(cfg.async_tasks), lambda: cur[0].tasks_run(q("asyncio tasks"))),
     }
+    hops = {"thread pool": cfg.pool_tasks, "asyncio tasks": cfg.async_tasks}
     propagation = propagation_points()
     extra = []
     if propagation:
         extra.append(Mode("default, propagate=False", installer(propagate=False), nothing))
-    out: dict = {"sizes": sizes, "untracked seconds": {}, "ratios": {}, "mode info": {}, "skipped": {}}
+    out: dict = {"sizes": sizes, "untracked seconds": {}, "ratios": {}, "mode info": {}, "skipped": {},
+                 "us per hop": {}}
     if not cfg.diagnostics:
         del work["mixed"], sizes["mixed"]
-        out["note"] = ("quick: the default policy is measured on the thread pool only (on the other workloads, "
+        out["note"] = ("quick: the default policy is measured on the hop workloads only (on the other workloads, "
                        "which call no library code, it tracks what track='all' tracks); no mixed workload")
     for wname, (fn, warm) in work.items():
         modes, skipped = _modes_for_tax(
             filtered=True,
-            default=cfg.diagnostics or wname == "thread pool",
-            extra=extra if wname == "thread pool" and cfg.diagnostics else (),
+            default=cfg.diagnostics or wname in hops,
+            extra=extra if wname in hops and cfg.diagnostics else (),
         )
         out["skipped"].update(skipped)
         rounds = cfg.pool_rounds if wname == "thread pool" else cfg.rounds
         times = interleaved(fn, modes, rounds, warm=warm, fresh=fresh)
         out["untracked seconds"][wname] = statistics.median(times["no monstack"])
         out["ratios"][wname] = ratios(times, "no monstack", modes)
+        if wname in hops:  # a hop's cost: (mode - no monstack) / hops, per round
+            n = hops[wname]
+            out["us per hop"][wname] = {
+                "no monstack": summary([t / n * 1e6 for t in times["no monstack"]]),
+                **{name: summary([(t - b) / n * 1e6 for t, b in zip(ts, times["no monstack"])])
+                   for name, ts in times.items() if name != "no monstack"},
+            }
         for m in modes:
             if m.info:
                 out["mode info"][m.name] = m.info

@@ -1,7 +1,8 @@
 """The bench's workloads, compiled into synthetic modules.
 
 ``monstack_bench_workload`` is "user code" (tracked by the default policy): call-heavy
-(fib), method-heavy, a generator pipeline, exception-heavy, mixed, a thread pool, a
+(fib), method-heavy, a generator pipeline, exception-heavy, mixed, a thread pool, asyncio
+tasks, a
 model for the op-queue, and the snapshot loops of the memory section.
 ``monstack_bench_framework.ops`` is an eager framework's dispatch in miniature, compiled
 with a file name inside site-packages, so the default policy excludes it exactly as it
@@ -187,6 +188,19 @@ def pool_run(n, workers=4):
             total += f.result()
     POOL_DONE[0] += n
     return total
+
+# -- asyncio tasks ----------------------------------------------------------------------------
+async def _trivial(i):
+    return i
+
+async def _tasks_main(n):
+    import asyncio
+    tasks = [asyncio.create_task(_trivial(i)) for i in range(n)]
+    return sum(await asyncio.gather(*tasks))
+
+def tasks_run(n):
+    import asyncio
+    return asyncio.run(_tasks_main(n))
 
 # -- op-queue: the user's model, calling the framework ----------------------------------------
 class Linear:

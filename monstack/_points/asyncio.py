@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sys
 
-from . import ON, binder, patch, take
+from . import ON, _snap, binder, patch, take
 from .. import _threads
 from .._origin import _attach_if_absent, carry, has_origin
 from .._snapshot import CURRENT_ORIGIN
@@ -22,23 +22,38 @@ _note_loop = _threads.note_loop
 
 def _make_create_task(original: Callable[..., Any]) -> Callable[..., Any]:
     call = binder(original)  # calls it as Python would: through __get__
+    on, loops, note_loop, get_snap = ON, _LOOPS, _note_loop, _snap
+    set_origin, reset_origin = CURRENT_ORIGIN.set, CURRENT_ORIGIN.reset
 
+    # The hot path of every task: no helper calls beyond the snapshot, the context
+    # variable's set/reset around the creation (the task copies the current context) and
+    # the done callback; everything else is bound here, once.
     def create_task(self: Any, coro: Any, *args: Any, **kwargs: Any) -> Any:
-        if "asyncio_tasks" not in ON:
+        if "asyncio_tasks" not in on:
             return call(self, coro, *args, **kwargs)
-        if id(self) not in _LOOPS:
-            _note_loop(self)
-        if kwargs.get("context") is not None:
+        if id(self) not in loops:
+            note_loop(self)
+        if kwargs and kwargs.get("context") is not None:
             return _create_task_in_context(call, self, coro, args, kwargs)
-        snap = take()
-        if snap is None:
+        try:
+            snap = get_snap()
+        except Exception:
             return call(self, coro, *args, **kwargs)
-        token = CURRENT_ORIGIN.set(snap)  # the task copies the current context
+        token = set_origin(snap)
         try:
             task = call(self, coro, *args, **kwargs)
         finally:
-            CURRENT_ORIGIN.reset(token)
-        _when_task_done(task, snap)
+            reset_origin(token)
+        try:
+            if task.done():
+                # An eager task (eager_task_factory, 3.12+) that finished inside
+                # create_task: a done callback would only be scheduled, and the
+                # creator may await the task before it runs.
+                _task_done(snap, task)
+            else:
+                task.add_done_callback(_TaskDone(snap))
+        except Exception:
+            pass
         return task
 
     return create_task
@@ -65,10 +80,7 @@ def _create_task_in_context(call: Callable[..., Any], loop: Any, coro: Any, args
 def _when_task_done(task: Any, snap: Any) -> None:
     try:
         if task.done():
-            # An eager task (eager_task_factory, 3.12+) that finished inside
-            # create_task: a done callback would only be scheduled, and the
-            # creator may await the task before it runs.
-            _task_done(snap, task)
+            _task_done(snap, task)  # an eager task that finished inside create_task
         else:
             task.add_done_callback(_TaskDone(snap))
     except Exception:
@@ -84,7 +96,15 @@ class _TaskDone:
         self._snap = snap
 
     def __call__(self, task: Any) -> None:
-        _task_done(self._snap, task)
+        # (_task_done inlined: this runs once per task)
+        try:
+            if task.cancelled():
+                return
+            exc = task._exception
+            if isinstance(exc, Exception):
+                _attach_if_absent(exc, self._snap)
+        except Exception:
+            pass
 
 
 # monstack._dump finds a task's origin by this class's name and module (the module it

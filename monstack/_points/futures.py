@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import sys
 
-from . import ON, binder, patch, take
+from . import ON, _snap, binder, patch, take
 
-from .._origin import _attach_if_absent, carry, has_origin
+from .._origin import _CO_KINDS, _FUNCTION_TYPE, _WithOrigin, _attach_if_absent, carry, has_origin
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -17,9 +17,28 @@ if TYPE_CHECKING:
 def _make_submit(point: str) -> Callable[[Any], Any]:
     def make(original: Callable[..., Any]) -> Callable[..., Any]:
         call = binder(original)  # calls it as Python would: through __get__
+        on, get_snap = ON, _snap
+        fast_class = _FAST_CLASSES.get(point)
 
         def submit(self: Any, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
-            if point not in ON or has_origin(fn):
+            if point not in on:
+                return call(self, fn, *args, **kwargs)
+            if type(fn) is _FUNCTION_TYPE and type(self) is fast_class and not fn.__code__.co_flags & _CO_KINDS:
+                # The common case, kept short (it runs per job): a plain function
+                # submitted to the pool class itself (no subclass: not an interpreter
+                # pool) gets what carry() would give it, without the general checks.
+                attrs = fn.__dict__
+                if not attrs or (attrs.get("_is_coroutine_marker") is None and attrs.get("_is_coroutine") is None):
+                    try:
+                        snap = get_snap()
+                    except Exception:
+                        return call(self, fn, *args, **kwargs)
+                    carried = _new_with_origin(_WithOrigin)
+                    carried.__wrapped__ = fn
+                    carried._snap = snap
+                    carried._sent = None
+                    return call(self, carried, *args, **kwargs)
+            if has_origin(fn):
                 return call(self, fn, *args, **kwargs)
             snap = take()
             if snap is None:
@@ -40,6 +59,12 @@ def _make_submit(point: str) -> Callable[[Any], Any]:
         return submit
 
     return make
+
+
+#: The pool class whose plain-function jobs take the short path, per point (set when the
+#: point is applied; a process pool's jobs always take the general one).
+_FAST_CLASSES: dict = {}
+_new_with_origin = object.__new__
 
 
 def _crosses_interpreters(executor: Any) -> bool:
@@ -93,6 +118,7 @@ def _attach_when_done(future: Any, snap: Any) -> None:
 def apply_thread_pool() -> None:
     import concurrent.futures.thread as cf_thread
 
+    _FAST_CLASSES["thread_pool"] = cf_thread.ThreadPoolExecutor
     patch(cf_thread.ThreadPoolExecutor, "submit", _make_submit("thread_pool"))
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import gc
 import inspect
 import json
@@ -804,6 +805,48 @@ def _snap_helpers():
     assert ns["snap_new"] is not None
     exec(compile(_SNAP_SRC, os.path.join(os.path.dirname(_install.__file__), "_test_accel_snapshot.py"), "exec"), ns)
     return ns["via_fast"], ns["via_new"]
+
+
+_COLLECT_SRC = """
+def collect(out, n):
+    seed()  # monstack.snapshot(): its Python path seeds this thread's shadow stack
+    for _ in range(n):
+        out.append(snap_new())
+"""
+
+
+@needs_native
+def test_native_snapshot_of_filtered_code_only_is_the_empty_snapshot():
+    """A thread that runs only filtered code (its own functions live in monstack's
+    directory here, as the user's code excluded by the policy would): the native path
+    answers the empty snapshot, linked to the current origin, as the Python path does,
+    instead of declining."""
+    import threading
+
+    from monstack._snapshot import CURRENT_ORIGIN, Snapshot
+
+    with tracking(True):
+        cb = _registered()
+        ns = {"snap_new": _accel.snapshot_new(cb, monstack.snapshot), "seed": monstack.snapshot}
+        exec(compile(_COLLECT_SRC, os.path.join(os.path.dirname(_install.__file__), "_test_accel_collect.py"), "exec"), ns)
+        origin = monstack.snapshot()
+        runs = []
+        for with_origin in (False, True):
+            ctx = contextvars.copy_context()
+            if with_origin:
+                ctx.run(CURRENT_ORIGIN.set, origin)
+            out: list = []
+            # the thread's stack: threading's frames, ctx.run (C), collect: filtered code only
+            thread = threading.Thread(target=ctx.run, args=(ns["collect"], out, 4))
+            thread.start()
+            thread.join()
+            runs.append(out)
+    plain, linked = runs
+    for s in plain:
+        assert type(s) is Snapshot and tuple.__getitem__(s, slice(0, 5)) == (None, -1, None, None, 0)
+        assert not gc.is_tracked(s)  # built natively
+    for s in linked:
+        assert type(s) is Snapshot and tuple.__getitem__(s, slice(0, 5)) == (None, -1, origin, None, 1)
 
 
 @needs_native

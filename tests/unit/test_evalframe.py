@@ -9,6 +9,7 @@ Risky cases (C stack exhaustion, foreign eval_frame functions) run in subprocess
 
 from __future__ import annotations
 
+import contextvars
 import ctypes
 import errno
 import gc
@@ -1231,6 +1232,45 @@ def test_native_snapshot_looks_through_filtered_callers(snaplib):
     (a, b), real = user2()
     assert_same(a, b)
     assert shadow_records(a)[:-1] == real[:-1] and shadow_records(a)[-1][2] == "user2"
+
+
+_FILTERED_ONLY_LIB = SNAP_LIB + (
+    "def collect(out, n):\n"
+    "    for _ in range(n):\n"
+    "        pair = []\n"
+    "        for take in (monstack.snapshot, python_path):\n"
+    "            pair.append(take())\n"
+    "        out.append(pair)\n"
+)
+
+
+@needs_shim
+def test_native_snapshot_of_filtered_code_only_is_the_empty_snapshot(tmp_path):
+    """A thread running only filtered code (threading's frames, then the library's): the
+    shim answers the empty snapshot natively, as snapshot()'s Python path answers it."""
+    from monstack._snapshot import CURRENT_ORIGIN
+
+    monstack.uninstall()
+    monstack.install(exclude=[str(tmp_path) + os.sep])
+    try:
+        lib = library_module(tmp_path, "monstack_filtered_only", _FILTERED_ONLY_LIB)
+        origin = monstack.snapshot()
+        for with_origin in (False, True):
+            ctx = contextvars.copy_context()
+            if with_origin:
+                ctx.run(CURRENT_ORIGIN.set, origin)
+            out: list = []
+            th = threading.Thread(target=ctx.run, args=(lib["collect"], out, 4))
+            n0 = _snap_counts()
+            th.start()
+            th.join()
+            n1 = _snap_counts()
+            assert n1[0] - n0[0] >= 3  # (the first may seed the thread through Python)
+            for native, python in out:
+                assert_same(native, python)
+                assert _items(native, slice(0, 3)) == (None, -1, origin if with_origin else None)
+    finally:
+        monstack.uninstall()
 
 
 @needs_shim

@@ -1131,6 +1131,34 @@ def test_thread_pool_queues_a_callable_that_answers_like_the_job(installed, work
     assert coro_job is coroutine_job  # a coroutine function travels unwrapped
 
 
+def test_thread_pool_wraps_plain_functions_but_not_marked_coroutine_functions(installed, work_items):
+    """The short path of a plain function submitted to the pool class itself asks what
+    ``carry`` asks: coroutine markers in the function's ``__dict__`` keep it unwrapped;
+    other attributes do not; a subclass's pool takes the general path, same answer."""
+    def marked():
+        return None
+
+    marked._is_coroutine_marker = object()  # (what inspect.markcoroutinefunction sets, 3.12+)
+
+    def decorated():
+        return monstack.current_origin()
+
+    decorated.extra = 1
+
+    class Pool(cf.ThreadPoolExecutor):
+        pass
+
+    for cls in (cf.ThreadPoolExecutor, Pool):
+        work_items.clear()
+        with cls(1) as pool:
+            assert pool.submit(marked).result() is None
+            inside = pool.submit(decorated).result()  # @plain-submit
+        assert work_items[0] is marked
+        assert type(work_items[1]) is _origin._WithOrigin and work_items[1].__wrapped__ is decorated
+        assert work_items[1]._sent is None
+        assert_created_at(inside, "plain-submit")
+
+
 def test_process_pool_pickles_a_callable_that_answers_like_the_job(installed, work_items, process_pool):
     import pickle
 
@@ -1537,3 +1565,45 @@ def test_a_thread_started_at_interpreter_shutdown_fails_as_without_monstack(how,
     if sys.version_info >= (3, 12):
         assert "can't create new thread at interpreter shutdown" in outs[0][2]  # (the case is real)
     assert outs[1] == outs[0]
+
+
+# -- a hop from code the policy filters ---------------------------------------------------------
+
+FILTERED_JOB = """\
+def job(snapshot, out, n):
+    for _ in range(n):
+        out.append(snapshot())
+"""
+
+
+def test_a_snapshot_with_only_filtered_code_on_the_stack_does_not_walk_the_frames(installed, monkeypatch):
+    """A thread running only filtered code (the user's code excluded, a framework's
+    thread): its snapshots are empty and linked to the thread's origin, as capture()'s
+    walk answers, but only the first (which seeds the thread) goes through it."""
+    import sysconfig
+
+    from monstack import _capture
+
+    if monstack.status()["backend"] == "walk":
+        pytest.skip("no shadow stack to agree with (walk backend)")
+    filename = os.path.join(sysconfig.get_paths()["purelib"], "monstack_test_filtered", "jobs.py")
+    namespace: dict = {}
+    exec(compile(FILTERED_JOB, filename, "exec"), namespace)
+    backend = _capture.running().backend
+    calls: list = []
+    original = backend.capture
+
+    def counting(frame):
+        calls.append(frame)
+        return original(frame)
+
+    monkeypatch.setattr(backend, "capture", counting, raising=False)
+    out: list = []
+    thread = threading.Thread(target=namespace["job"], args=(monstack.snapshot, out, 5))
+    thread.start()  # @filtered-start
+    thread.join()
+    assert len(out) == 5
+    for snap in out:
+        assert snap.records() == ()
+        assert_created_at(snap.origin, "filtered-start")
+    assert len([f for f in calls if f is not None and f.f_code.co_filename == filename]) <= 1
