@@ -133,19 +133,19 @@ def main() -> int:
         snap = deep(20, monstack.snapshot)
         from monstack._points import celery as _celery
 
-        value = _celery._header_value(snap)
+        value = _celery.header_value(snap)
         print(f"header of a 20-frame snapshot: {len(json.dumps(value))} bytes of JSON "
               "(its records as one JSON text)")
         n = 2000
         t = time.perf_counter()
         for _ in range(n):
             _celery._SENT.clear()
-            _celery._header_value(snap)
+            _celery.header_value(snap)
         encode = (time.perf_counter() - t) / n
         t = time.perf_counter()
         for _ in range(n):
             _celery._RECEIVED.clear()
-            _celery._decode(value)
+            _celery.decode_header(value)
         decode = (time.perf_counter() - t) / n
         print(f"its encoding (uncached: a new line each time) {encode * 1e6:.1f} us, decoding (worker) "
               f"{decode * 1e6:.1f} us: {(encode + decode) / med['without'] * 100:.1f}% of the median round trip")

@@ -176,7 +176,7 @@ def own_work(conn) -> None:
     monstack.install()
     try:
         snap = deep(20, monstack.snapshot)
-        value = _wire._header_value(snap)
+        value = _wire.header_value(snap)
         t = time.perf_counter()
         for _ in range(n):
             Job.create(rq_jobs.ok, (1,), connection=conn)
@@ -189,7 +189,7 @@ def own_work(conn) -> None:
         t = time.perf_counter()
         for _ in range(n):
             _wire._RECEIVED.clear()
-            _wire._decode(value)
+            _wire.decode_header(value)
         decode = (time.perf_counter() - t) / n
         print(f"meta entry of a 20-frame snapshot: {len(json.dumps(value))} bytes of JSON; Job.create "
               f"{without * 1e6:.1f} us without the point, {with_point * 1e6:.1f} us with it "

@@ -78,7 +78,7 @@ _FORWARDED = frozenset(("__name__", "__qualname__", "__annotations__", "__type_p
                         "__defaults__", "__kwdefaults__", "__text_signature__"))
 
 
-class _WithOrigin:
+class WithOrigin:
     """``fn`` run with ``snap`` as the current origin; its exception gets ``snap`` attached.
 
     Its ``__call__`` is the one place that runs work under an origin: every carrier (the
@@ -109,11 +109,11 @@ class _WithOrigin:
         try:
             return self.__wrapped__(*args, **kwargs)
         except Exception as exc:
-            _attach_if_absent(exc, snap)
-            _drop_own_entry(exc, sys._getframe())
+            attach_if_absent(exc, snap)
+            drop_own_entry(exc, sys._getframe())
             raise
         except BaseException as exc:  # KeyboardInterrupt, SystemExit...: no note, same traceback
-            _drop_own_entry(exc, sys._getframe())
+            drop_own_entry(exc, sys._getframe())
             raise
         finally:
             if prev is None:  # (a new thread, or one between jobs: no entry left behind)
@@ -152,11 +152,11 @@ class _WithOrigin:
         # One wrapper is pickled once per task of a pool's map/imap (chunksize 1: once
         # per item). Pickling a 20-frame snapshot and unpickling it cost ~20 us each, so
         # the snapshot is pickled once, travels as bytes, and the receiving process
-        # unpickles each distinct one once (_received).
-        return (_received, (self.__wrapped__, _sent_bytes(self)))
+        # unpickles each distinct one once (carrier_from_bytes).
+        return (carrier_from_bytes, (self.__wrapped__, sent_bytes(self)))
 
 
-def _sent_bytes(holder: Any) -> bytes:
+def sent_bytes(holder: Any) -> bytes:
     """The pickled snapshot of a wrapper, made once per wrapper."""
     sent = holder._sent
     if sent is None:
@@ -172,14 +172,14 @@ class _HasMethod:
 
 
 _METHOD_TYPE: Any = type(_HasMethod().method)
-_CODE_TYPE = type(_sent_bytes.__code__)
-_FUNCTION_TYPE: Any = type(_sent_bytes)
+_CODE_TYPE = type(sent_bytes.__code__)
+FUNCTION_TYPE: Any = type(sent_bytes)
 _BUILTIN_TYPE: Any = type(len)
 # co_flags of functions whose call only creates a generator or coroutine.
-_CO_KINDS = 0x20 | 0x80 | 0x100 | 0x200  # GENERATOR, COROUTINE, ITERABLE_COROUTINE, ASYNC_GENERATOR
+CO_KINDS = 0x20 | 0x80 | 0x100 | 0x200  # GENERATOR, COROUTINE, ITERABLE_COROUTINE, ASYNC_GENERATOR
 
 
-def _opaque(fn: Any) -> bool:
+def opaque(fn: Any) -> bool:
     """True where no wrapper can answer as ``fn`` does, so ``fn`` must travel unwrapped.
 
     That is anything not callable (a coroutine object handed over by mistake: asyncio's
@@ -191,8 +191,8 @@ def _opaque(fn: Any) -> bool:
     anyway: nothing is lost by not carrying an origin.
     """
     kind = type(fn)
-    if kind is _FUNCTION_TYPE:  # the common case, kept short (every submit asks)
-        return bool(fn.__code__.co_flags & _CO_KINDS) or _marked(fn)
+    if kind is FUNCTION_TYPE:  # the common case, kept short (every submit asks)
+        return bool(fn.__code__.co_flags & CO_KINDS) or _marked(fn)
     if kind is _BUILTIN_TYPE:
         return False
     try:
@@ -208,12 +208,12 @@ def _opaque(fn: Any) -> bool:
                 f = f.func
             else:
                 break
-        if type(f) is _FUNCTION_TYPE:
-            return bool(f.__code__.co_flags & _CO_KINDS) or _marked(f)
+        if type(f) is FUNCTION_TYPE:
+            return bool(f.__code__.co_flags & CO_KINDS) or _marked(f)
         if type(f) is _BUILTIN_TYPE:
             return False
         code = getattr(f, "__code__", None)  # function-like (Cython)
-        if type(code) is _CODE_TYPE and code.co_flags & _CO_KINDS:
+        if type(code) is _CODE_TYPE and code.co_flags & CO_KINDS:
             return True
         return (getattr(f, "_is_coroutine_marker", None) is not None
                 or getattr(fn, "_is_coroutine", None) is not None)
@@ -230,29 +230,29 @@ def _marked(function: Any) -> bool:
 
 def carry(fn: Any, snap: Snapshot) -> Any:
     """``fn`` wrapped to run with ``snap`` as its origin, or ``fn`` itself where a wrapper
-    could not answer as it does (:func:`_opaque`). ``functools.partial(ctx.run, f, ...)``
+    could not answer as it does (:func:`opaque`). ``functools.partial(ctx.run, f, ...)``
     (what ``asyncio.to_thread`` and trio hand over: ``f`` run in a copied context) gets
     ``f`` wrapped inside the ``ctx.run``, so the origin is current where ``f`` runs."""
-    if type(fn) is _FUNCTION_TYPE:
-        return fn if fn.__code__.co_flags & _CO_KINDS or _marked(fn) else _WithOrigin(fn, snap)
+    if type(fn) is FUNCTION_TYPE:
+        return fn if fn.__code__.co_flags & CO_KINDS or _marked(fn) else WithOrigin(fn, snap)
     functools = sys.modules.get("functools")
     if functools is not None and type(fn) is functools.partial and fn.args and _is_context_run(fn.func):
         inner = fn.args[0]
-        if _opaque(inner) or type(inner) is _WithOrigin:
+        if opaque(inner) or type(inner) is WithOrigin:
             return fn
-        return functools.partial(fn.func, _WithOrigin(inner, snap), *fn.args[1:], **fn.keywords)
-    if _opaque(fn):
+        return functools.partial(fn.func, WithOrigin(inner, snap), *fn.args[1:], **fn.keywords)
+    if opaque(fn):
         return fn
-    return _WithOrigin(fn, snap)
+    return WithOrigin(fn, snap)
 
 
 def has_origin(fn: Any) -> bool:
     """Already carries an origin (a wrapper, or a ``partial(ctx.run, wrapper, ...)``)."""
-    if type(fn) is _WithOrigin:
+    if type(fn) is WithOrigin:
         return True
     functools = sys.modules.get("functools")
     return (functools is not None and type(fn) is functools.partial and bool(fn.args)
-            and type(fn.args[0]) is _WithOrigin)
+            and type(fn.args[0]) is WithOrigin)
 
 
 def _is_context_run(func: Any) -> bool:
@@ -260,7 +260,7 @@ def _is_context_run(func: Any) -> bool:
     return type(func) is _BUILTIN_TYPE and type(func.__self__) is Context and func.__name__ == "run"
 
 
-class _RunOf(_WithOrigin):
+class RunOf(WithOrigin):
     """An instance-level ``run`` for a ``multiprocessing`` process: calls its class's
     ``run()`` (the target, or a subclass's own ``run()``) with ``snap`` as the current
     origin, in the child. Travels with the process object (fork copies it, spawn and
@@ -271,7 +271,7 @@ class _RunOf(_WithOrigin):
 
     def __init__(self, owner: Any, snap: Snapshot) -> None:
         # the class's run() bound to the process: what type(owner).run(owner) calls
-        _WithOrigin.__init__(self, type(owner).run.__get__(owner, type(owner)), snap)
+        WithOrigin.__init__(self, type(owner).run.__get__(owner, type(owner)), snap)
         self._owner = owner
 
     def __getattr__(self, name: str) -> Any:
@@ -282,33 +282,33 @@ class _RunOf(_WithOrigin):
 
     def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
         try:
-            return _WithOrigin.__call__(self, *args, **kwargs)
+            return WithOrigin.__call__(self, *args, **kwargs)
         except Exception as exc:
-            _drop_own_entry(exc, sys._getframe())
+            drop_own_entry(exc, sys._getframe())
             # Leaving the child's run() for BaseProcess._bootstrap, which prints it (with
             # notes) and exits: nothing of the program sees it any more, so that report is
             # where the origin shows.
             try:
                 if sys._getframe(1).f_code.co_name == "_bootstrap":
-                    snap = _lookup(exc)
+                    snap = stored_origin(exc)
                     if snap is not None:
-                        _set_note(exc, snap)
+                        set_note(exc, snap)
             except Exception:
                 pass
             raise
 
     def __reduce__(self) -> tuple:
-        return (_run_received, (self._owner, _sent_bytes(self)))
+        return (_run_received, (self._owner, sent_bytes(self)))
 
 
-#: Snapshots unpickled from _WithOrigin pickles, by their bytes: a pool's worker gets
+#: Snapshots unpickled from WithOrigin pickles, by their bytes: a pool's worker gets
 #: the same one with every task of a map (bounded: cleared when full).
 _RECEIVED: dict = {}
 _RECEIVED_MAX = 64
 
 
-def _received(fn: Callable[..., Any], data: bytes) -> _WithOrigin:
-    """Unpickle a _WithOrigin: its snapshot travels pickled, once per distinct one."""
+def carrier_from_bytes(fn: Callable[..., Any], data: bytes) -> WithOrigin:
+    """Unpickle a WithOrigin: its snapshot travels pickled, once per distinct one."""
     snap = _RECEIVED.get(data)
     if snap is None:
         import pickle
@@ -319,14 +319,14 @@ def _received(fn: Callable[..., Any], data: bytes) -> _WithOrigin:
         if len(_RECEIVED) >= _RECEIVED_MAX:
             _RECEIVED.clear()
         _RECEIVED[data] = snap
-    received = _WithOrigin(fn, snap)
+    received = WithOrigin(fn, snap)
     received._sent = data  # sent on again (Dask: scheduler -> worker) as it came
     return received
 
 
-def _run_received(owner: Any, data: bytes) -> _RunOf:
-    """Unpickle a _RunOf (``owner`` may still be half-built: it is only called later)."""
-    return _RunOf(owner, _received(len, data)._snap)
+def _run_received(owner: Any, data: bytes) -> RunOf:
+    """Unpickle a RunOf (``owner`` may still be half-built: it is only called later)."""
+    return RunOf(owner, carrier_from_bytes(len, data)._snap)
 
 
 def wrap(fn: Callable[..., _T]) -> Callable[..., _T]:
@@ -338,7 +338,7 @@ def wrap(fn: Callable[..., _T]) -> Callable[..., _T]:
     """
     if not callable(fn):
         raise TypeError(f"monstack.wrap() needs a callable, got {_type_name(fn)}")
-    return _WithOrigin(fn, _snap())
+    return WithOrigin(fn, _snap())
 
 
 class origin:
@@ -373,7 +373,7 @@ class origin:
         if prev is not None:
             RUNNING[prev[0]] = prev[1]
         if isinstance(exc, Exception) and self._snap is not None:
-            _attach_if_absent(exc, self._snap)
+            attach_if_absent(exc, self._snap)
         if token is not None:
             try:
                 CURRENT_ORIGIN.reset(token)
@@ -403,9 +403,9 @@ def attach(exc: BaseException, snap: Snapshot) -> BaseException:
         raise TypeError(f"monstack.attach() needs an exception instance, got {_type_name(exc)}")
     if not isinstance(snap, Snapshot):
         raise TypeError(f"monstack.attach() needs a Snapshot, got {_type_name(snap)}")
-    _store(exc, snap)
+    store_origin(exc, snap)
     if notes_on():
-        _set_note(exc, snap)
+        set_note(exc, snap)
     return exc
 
 
@@ -413,7 +413,7 @@ def origin_of(exc: BaseException) -> Optional[Snapshot]:
     """The snapshot attached to ``exc`` (see :func:`attach`), or None."""
     if not isinstance(exc, BaseException):
         raise TypeError(f"monstack.origin_of() needs an exception instance, got {_type_name(exc)}")
-    return _lookup(exc)
+    return stored_origin(exc)
 
 
 def format_exception(exc: BaseException, color: Optional[bool] = None) -> str:
@@ -427,7 +427,7 @@ def format_exception(exc: BaseException, color: Optional[bool] = None) -> str:
     _format = _fmt()
     from ._colorize import resolve
 
-    return _format.format_exception(exc, _lookup(exc), resolve(color, sys.stderr), _lookup)
+    return _format.format_exception(exc, stored_origin(exc), resolve(color, sys.stderr), stored_origin)
 
 
 def print_exception(exc: BaseException, file: Optional[IO[str]] = None, color: Optional[bool] = None) -> None:
@@ -444,10 +444,10 @@ def print_exception(exc: BaseException, file: Optional[IO[str]] = None, color: O
     _format = _fmt()
     from ._colorize import resolve
 
-    file.write(_format.format_exception(exc, _lookup(exc), resolve(color, file), _lookup))
+    file.write(_format.format_exception(exc, stored_origin(exc), resolve(color, file), stored_origin))
 
 
-def _drop_own_entry(exc: BaseException, frame: Any) -> None:
+def drop_own_entry(exc: BaseException, frame: Any) -> None:
     """Take a wrapper's own entry off the head of ``exc``'s traceback, as importlib does
     for its frames: the traceback is then the one a direct call of the job would give
     (from whatever ran it straight to the job; ending at that caller's line when the job
@@ -461,7 +461,7 @@ def _drop_own_entry(exc: BaseException, frame: Any) -> None:
         pass
 
 
-def _has_frames(snap: Snapshot) -> bool:
+def has_frames(snap: Snapshot) -> bool:
     """True if ``snap`` has a frame to show (``_format.has_frames``, without loading the
     formatting: this runs on every failure that leaves propagated work)."""
     try:
@@ -470,15 +470,15 @@ def _has_frames(snap: Snapshot) -> bool:
         return False
 
 
-def _attach_if_absent(exc: BaseException, snap: Snapshot) -> None:
+def attach_if_absent(exc: BaseException, snap: Snapshot) -> None:
     """Automatic attach: the first (innermost) origin with a frame to show wins (one with
     none says nothing: an outer one may); the exception looks as it did (a note only in
     notes mode). Never raises."""
     try:
-        if _lookup(exc) is None and _has_frames(snap):
-            _store(exc, snap)
+        if stored_origin(exc) is None and has_frames(snap):
+            store_origin(exc, snap)
             if notes_on():
-                _set_note(exc, snap)
+                set_note(exc, snap)
     except Exception:
         pass
 
@@ -505,8 +505,8 @@ def origins_in(exc: BaseException, limit: int = 100) -> list:
         if not isinstance(e, BaseException) or id(e) in seen:
             continue
         seen.add(id(e))
-        snap = _lookup(e)
-        if snap is not None and _has_frames(snap):
+        snap = stored_origin(e)
+        if snap is not None and has_frames(snap):
             found.append((e, snap))
         try:
             todo.append(e.__cause__)
@@ -577,7 +577,7 @@ class notes_shown:
                 pass
 
 
-def _store(exc: BaseException, snap: Snapshot) -> None:
+def store_origin(exc: BaseException, snap: Snapshot) -> None:
     try:
         setattr(exc, ORIGIN_ATTR, snap)
     except Exception:
@@ -607,7 +607,7 @@ def _side_put(exc: BaseException, snap: Snapshot) -> None:
     _SIDE[key] = (ref, snap)
 
 
-def _lookup(exc: BaseException) -> Optional[Snapshot]:
+def stored_origin(exc: BaseException) -> Optional[Snapshot]:
     try:
         snap = getattr(exc, ORIGIN_ATTR, None)
     except Exception:
@@ -620,7 +620,7 @@ def _lookup(exc: BaseException) -> Optional[Snapshot]:
     return None
 
 
-def _set_note(exc: BaseException, snap: Snapshot) -> None:
+def set_note(exc: BaseException, snap: Snapshot) -> None:
     """Add the plain-text note once; replace monstack's earlier note if there is one."""
     _format = _fmt()
     note = _format.origin_note(snap)

@@ -51,7 +51,7 @@
   with gets it attached) and ``trio.to_thread.run_sync``. Patched only once the program
   imports trio.
 
-The callable a library receives answers as the user's does (``_origin._WithOrigin``), and
+The callable a library receives answers as the user's does (``_origin.WithOrigin``), and
 callables no wrapper can stand in for (coroutine and generator functions, non-callables)
 are passed on unwrapped (``_origin.carry``).
 

@@ -120,9 +120,9 @@ def _print_tax(t: dict, w: Callable) -> None:
     _print_invalid(t["ratios"], w)
     for wname, per in t.get("us per hop", {}).items():
         base = per.get("no monstack")
-        cells = ", ".join(f"{m} +{v['median']:.2f}" for m, v in per.items() if m != "no monstack")
+        added = ", ".join(f"{m} +{v['median']:.2f}" for m, v in per.items() if m != "no monstack")
         if base:
-            w(f"  {wname}, us per hop: no monstack {base['median']:.2f}; added: {cells}\n")
+            w(f"  {wname}, us per hop: no monstack {base['median']:.2f}; added: {added}\n")
     if t.get("note"):
         w(f"  note: {t['note']}\n")
     sizes = ", ".join(f"{k} {v}" for k, v in t["sizes"].items())

@@ -96,13 +96,13 @@ PATCHES: list[tuple[Any, str, Any, Any]] = []
 #: (owner, attribute) patched on a class that only inherited it (uvloop.Loop).
 INHERITED: set = set()
 
-_snap = _capture.snapshot
+capture_snapshot = _capture.snapshot
 
 
 def take() -> Optional[Snapshot]:
     """A snapshot for new work, or None if that fails (never break the host program)."""
     try:
-        return _snap()
+        return capture_snapshot()
     except Exception:
         return None
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import sys
 
-from . import ON, _snap, binder, patch, take
+from . import ON, capture_snapshot, binder, patch, take
 from .. import _threads
-from .._origin import _attach_if_absent, carry, has_origin
+from .._origin import attach_if_absent, carry, has_origin
 from .._snapshot import CURRENT_ORIGIN
-from .futures import _crosses_interpreters
+from .futures import crosses_interpreters
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -22,7 +22,7 @@ _note_loop = _threads.note_loop
 
 def _make_create_task(original: Callable[..., Any]) -> Callable[..., Any]:
     call = binder(original)  # calls it as Python would: through __get__
-    on, loops, note_loop, get_snap = ON, _LOOPS, _note_loop, _snap
+    on, loops, note_loop, get_snap = ON, _LOOPS, _note_loop, capture_snapshot
     set_origin, reset_origin = CURRENT_ORIGIN.set, CURRENT_ORIGIN.reset
 
     # The hot path of every task: no helper calls beyond the snapshot, the context
@@ -102,7 +102,7 @@ class _TaskDone:
                 return
             exc = task._exception
             if isinstance(exc, Exception):
-                _attach_if_absent(exc, self._snap)
+                attach_if_absent(exc, self._snap)
         except Exception:
             pass
 
@@ -131,7 +131,7 @@ def _task_done(snap: Any, task: Any) -> None:
             return
         exc = task._exception
         if isinstance(exc, Exception):
-            _attach_if_absent(exc, snap)
+            attach_if_absent(exc, snap)
     except Exception:
         pass
 
@@ -145,7 +145,7 @@ def _make_run_in_executor(original: Callable[..., Any]) -> Callable[..., Any]:
         # asyncio's debug mode (uvloop: always) still refuses them with TypeError.
         # asyncio.to_thread arrives here with partial(ctx.run, func): func is wrapped
         # inside it (so `from asyncio import to_thread` before install() is covered too).
-        if "asyncio_executor" not in ON or has_origin(func) or _crosses_interpreters(executor):
+        if "asyncio_executor" not in ON or has_origin(func) or crosses_interpreters(executor):
             # (an InterpreterPoolExecutor needs func as it is: thread_pool's submit
             # attaches its origin when the future fails)
             return call(self, executor, func, *args)

@@ -46,7 +46,7 @@ from collections import OrderedDict
 from typing import Any, Callable, Optional
 
 from .. import _snapshot
-from .._origin import _attach_if_absent, _drop_own_entry
+from .._origin import attach_if_absent, drop_own_entry
 from .._snapshot import CURRENT_ORIGIN, Snapshot
 from . import ON, binder, check_version, patch, take
 
@@ -81,15 +81,15 @@ def apply_signals() -> None:
             held = headers[HEADER]
             if isinstance(held, Snapshot):  # an eager task's, in a message: encoded
                 try:
-                    headers[HEADER] = _header_value(held)
+                    headers[HEADER] = header_value(held)
                 except Exception:
                     del headers[HEADER]
             return
         try:
-            snap = _publishing_snapshot()
+            snap = publishing_snapshot()
             if snap is None:
                 return
-            headers[HEADER] = _header_value(snap)
+            headers[HEADER] = header_value(snap)
             _remember(headers.get("id"), snap)
             _remember_embedded(body, snap)
         except Exception:
@@ -129,7 +129,7 @@ def apply_signals() -> None:
     postrun.connect(task_postrun, weak=False, dispatch_uid=_DISPATCH_UID)
 
 
-def _publishing_snapshot() -> Optional[Snapshot]:
+def publishing_snapshot() -> Optional[Snapshot]:
     """The publishing line, linked to the origin it runs under; where no tracked code
     published (Celery after a task's body: chain steps, callbacks), that origin itself."""
     snap = take()
@@ -154,7 +154,7 @@ _prefix: list = []
 _counter = iter(range(1 << 62))
 
 
-def _header_value(snap: Snapshot) -> dict:
+def header_value(snap: Snapshot) -> dict:
     """``{"key": ..., "snapshot": snap.to_portable()}``: the key names this encoding (a
     random per-process prefix and a counter), so a receiver decodes each one once."""
     node = snap._node
@@ -184,7 +184,7 @@ def _header_value(snap: Snapshot) -> dict:
     return value
 
 
-def _decode(value: Any) -> Snapshot:
+def decode_header(value: Any) -> Snapshot:
     """The snapshot of a header value; ValueError if malformed."""
     if type(value) is not dict:
         raise ValueError("not a monstack_origin header value")
@@ -194,7 +194,7 @@ def _decode(value: Any) -> Snapshot:
         if snap is not None:
             return snap
     data = value.get("snapshot")
-    if type(data) is str:  # the JSON text _header_value sends
+    if type(data) is str:  # the JSON text header_value sends
         try:
             data = json.loads(data)
         except (ValueError, RecursionError) as exc:
@@ -254,7 +254,7 @@ def _request_origin(request: Any) -> Optional[Snapshot]:
     if isinstance(data, Snapshot):  # eager: in this process, never serialized
         return data
     try:
-        return _decode(data)
+        return decode_header(data)
     except (ValueError, TypeError):
         return None
 
@@ -285,7 +285,7 @@ def apply_trace() -> None:
                     exc = self.retval
                     snap = CURRENT_ORIGIN.get()
                     if snap is not None and isinstance(exc, Exception):
-                        _attach_if_absent(exc, snap)
+                        attach_if_absent(exc, snap)
                 except Exception:
                     pass
             return call(self, task, req, *args, **kwargs)
@@ -314,10 +314,10 @@ def apply_result() -> None:
                     try:
                         snap = SUBMITTED.get(self.id)
                         if snap is not None:
-                            _attach_if_absent(exc, snap)
+                            attach_if_absent(exc, snap)
                     except Exception:
                         pass
-                _drop_own_entry(exc, sys._getframe())
+                drop_own_entry(exc, sys._getframe())
                 raise
 
         return get

@@ -26,8 +26,8 @@ import inspect
 import sys
 from typing import Any, Callable
 
-from .._origin import _attach_if_absent, _opaque, _sent_bytes, _WithOrigin
-from .._origin import _received as _origin_received
+from .._origin import attach_if_absent, opaque, sent_bytes, WithOrigin
+from .._origin import carrier_from_bytes as _origin_received
 from . import ON, CannotEnable, binder, patch, take
 
 #: Live keys' snapshots (key -> snapshot), for every client of this process: keys name
@@ -75,7 +75,7 @@ def recognise(client_mod: Any) -> None:
     _DASK.update(clean_exception=clean, normalize_token=normalize, funcname=funcname)
 
 
-class _Submitted(_WithOrigin):
+class _Submitted(WithOrigin):
     """The user's function with the submitting snapshot, as Dask sees it: named and
     tokenized as the function itself, on the client and wherever it is unpickled (the
     scheduler, the workers), so no token Dask takes of it differs from the function's."""
@@ -83,19 +83,19 @@ class _Submitted(_WithOrigin):
     __slots__ = ("_name",)
 
     def __init__(self, fn: Callable[..., Any], snap: Any, name: str) -> None:
-        _WithOrigin.__init__(self, fn, snap)
+        WithOrigin.__init__(self, fn, snap)
         self._name = name
 
     def __getattr__(self, name: str) -> Any:
         if name == "__name__":
             return self._name
-        return _WithOrigin.__getattr__(self, name)
+        return WithOrigin.__getattr__(self, name)
 
     def __dask_tokenize__(self) -> Any:
         return _normalize_token()(self.__wrapped__)
 
     def __reduce__(self) -> tuple:
-        return (_received, (self.__wrapped__, _sent_bytes(self), self._name))
+        return (_received, (self.__wrapped__, sent_bytes(self), self._name))
 
 
 def _normalize_token() -> Callable[[Any], Any]:
@@ -118,7 +118,7 @@ def _received(fn: Callable[..., Any], data: bytes, name: str) -> _Submitted:
 
 def _carried(fn: Any, snap: Any) -> Any:
     """``fn`` wrapped for Dask, or ``fn`` itself where it must travel as it is."""
-    if isinstance(fn, _WithOrigin) or _opaque(fn):
+    if isinstance(fn, WithOrigin) or opaque(fn):
         return fn
     try:
         name = _DASK["funcname"](fn)
@@ -163,7 +163,7 @@ def apply() -> None:
         # submit(self, func, *args, key=..., pure=..., ...) and map(self, func, *iterables, ...)
         def submit(self: Any, *args: Any, **kwargs: Any) -> Any:
             if ("dask" not in ON or not args or kwargs.get("actor") or kwargs.get("actors")
-                    or isinstance(args[0], _WithOrigin)):
+                    or isinstance(args[0], WithOrigin)):
                 return call(self, *args, **kwargs)
             snap = take()
             if snap is None:
@@ -186,7 +186,7 @@ def apply() -> None:
                         # Dask's own deserialisation (set_error does it again: idempotent)
                         _, exc, tb = _DASK["clean_exception"](exception, traceback)
                         if isinstance(exc, Exception):
-                            _attach_if_absent(exc, snap)
+                            attach_if_absent(exc, snap)
                             exception, traceback = exc, tb
                 except Exception:
                     pass

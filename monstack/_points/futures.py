@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import sys
 
-from . import ON, _snap, binder, patch, take
+from . import ON, capture_snapshot, binder, patch, take
 
-from .._origin import _CO_KINDS, _FUNCTION_TYPE, _WithOrigin, _attach_if_absent, carry, has_origin
+from .._origin import CO_KINDS, FUNCTION_TYPE, WithOrigin, attach_if_absent, carry, has_origin
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -17,13 +17,13 @@ if TYPE_CHECKING:
 def _make_submit(point: str) -> Callable[[Any], Any]:
     def make(original: Callable[..., Any]) -> Callable[..., Any]:
         call = binder(original)  # calls it as Python would: through __get__
-        on, get_snap = ON, _snap
+        on, get_snap = ON, capture_snapshot
         fast_class = _FAST_CLASSES.get(point)
 
         def submit(self: Any, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
             if point not in on:
                 return call(self, fn, *args, **kwargs)
-            if type(fn) is _FUNCTION_TYPE and type(self) is fast_class and not fn.__code__.co_flags & _CO_KINDS:
+            if type(fn) is FUNCTION_TYPE and type(self) is fast_class and not fn.__code__.co_flags & CO_KINDS:
                 # The common case, kept short (it runs per job): a plain function
                 # submitted to the pool class itself (no subclass: not an interpreter
                 # pool) gets what carry() would give it, without the general checks.
@@ -33,17 +33,18 @@ def _make_submit(point: str) -> Callable[[Any], Any]:
                         snap = get_snap()
                     except Exception:
                         return call(self, fn, *args, **kwargs)
-                    carried = _new_with_origin(_WithOrigin)
+                    carried = _new_with_origin(WithOrigin)
                     carried.__wrapped__ = fn
                     carried._snap = snap
                     carried._sent = None
                     return call(self, carried, *args, **kwargs)
             if has_origin(fn):
                 return call(self, fn, *args, **kwargs)
-            snap = take()
-            if snap is None:
+            taken = take()
+            if taken is None:
                 return call(self, fn, *args, **kwargs)
-            if _crosses_interpreters(self):
+            snap = taken
+            if crosses_interpreters(self):
                 # 3.14+: the callable must be shareable with another interpreter as the
                 # user gave it (a wrapper is not): it runs unwrapped, and the exception
                 # it raised gets the origin in this interpreter, when the future fails.
@@ -67,7 +68,7 @@ _FAST_CLASSES: dict = {}
 _new_with_origin = object.__new__
 
 
-def _crosses_interpreters(executor: Any) -> bool:
+def crosses_interpreters(executor: Any) -> bool:
     """An ``InterpreterPoolExecutor`` (3.14+; a ThreadPoolExecutor subclass)?"""
     module = sys.modules.get("concurrent.futures.interpreter")
     cls = getattr(module, "InterpreterPoolExecutor", None) if module is not None else None
@@ -90,7 +91,7 @@ def _attach_when_done(future: Any, snap: Any) -> None:
     def attach_then_set(exception: BaseException) -> None:
         try:
             if isinstance(exception, Exception):
-                _attach_if_absent(exception, snap)
+                attach_if_absent(exception, snap)
         except Exception:
             pass
         set_exception(exception)
@@ -101,7 +102,7 @@ def _attach_when_done(future: Any, snap: Any) -> None:
             if not fut.cancelled():
                 exc = fut._exception  # not .exception(): never wait, never mark anything
                 if isinstance(exc, Exception):
-                    _attach_if_absent(exc, snap)
+                    attach_if_absent(exc, snap)
         except Exception:
             pass
 

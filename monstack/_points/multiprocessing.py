@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 
 from . import ON, binder, patch, take
-from .._origin import _attach_if_absent, _RunOf, _WithOrigin, carry, has_origin
+from .._origin import attach_if_absent, RunOf, WithOrigin, carry, has_origin
 from .threading import INTERNAL_TARGET_MODULES
 
 TYPE_CHECKING = False
@@ -53,7 +53,7 @@ def _bind_process_run(process: Any) -> Optional[Any]:
         base = sys.modules["multiprocessing.process"].BaseProcess
         if run is base.run:
             target = getattr(process, "_target", None)
-            if target is None or isinstance(target, _WithOrigin) or not callable(target):
+            if target is None or isinstance(target, WithOrigin) or not callable(target):
                 return None
             if str(getattr(target, "__module__", "") or "").startswith(INTERNAL_TARGET_MODULES):
                 return None
@@ -62,7 +62,7 @@ def _bind_process_run(process: Any) -> Optional[Any]:
         snap = take()
         if snap is None:
             return None
-        bound = _RunOf(process, snap)
+        bound = RunOf(process, snap)
         process.__dict__["run"] = bound
         return bound
     except Exception:
@@ -83,7 +83,7 @@ def apply_pool() -> None:
         def error_callback(exc: Any) -> Any:
             try:
                 if isinstance(exc, Exception):
-                    _attach_if_absent(exc, snap)
+                    attach_if_absent(exc, snap)
             except Exception:
                 pass
             if user is not None:

@@ -36,7 +36,7 @@ import sys
 from typing import Any, Callable, Optional
 
 from .._errors import warn_once
-from .._origin import _has_frames, _lookup, _set_note, _store, notes_on
+from .._origin import has_frames, stored_origin, set_note, store_origin, notes_on
 from .._snapshot import Snapshot
 from . import ON, CannotEnable, binder, check_version, patch, take
 
@@ -144,23 +144,23 @@ def _linked(carried: Snapshot, base: Snapshot) -> Snapshot:
 
 def _give(value: Any, snap: Snapshot, in_worker: bool) -> None:
     """Record ``snap`` as the origin of the error ``value`` and of its cause."""
-    if not _has_frames(snap):
+    if not has_frames(snap):
         return
     cause = getattr(value, "cause", None) if isinstance(value, _RAY["RayTaskError"]) else None
     if not isinstance(cause, BaseException):
         cause = None
-    carried = _lookup(cause) if cause is not None else _lookup(value)
+    carried = stored_origin(cause) if cause is not None else stored_origin(value)
     if carried is not None:
         snap = _linked(carried, snap)
     for target in (cause, value):
         if target is not None:
-            _store(target, snap)
+            store_origin(target, snap)
     if not in_worker and notes_on():
         # The RayTaskError(...) Ray raises forwards __notes__ to the cause; the error
         # itself is raised where its cause's class cannot be subclassed.
         for target in (cause, value):
             if target is not None:
-                _set_note(target, snap)
+                set_note(target, snap)
 
 
 def apply() -> None:

@@ -56,7 +56,7 @@ def _render(origin: Any, exc: BaseException, file: Any, cpython_colours: bool = 
     from .._colorize import for_report
 
     color = for_report(file, cpython_colours)
-    return "".join(_format._traceback_lines(exc, color, True, origin._lookup, top=True))
+    return "".join(_format._traceback_lines(exc, color, True, origin.stored_origin, top=True))
 
 
 # -- sys.excepthook ----------------------------------------------------------------------------

@@ -15,7 +15,7 @@ one on the forking ``Worker`` (below):
 - ``Job.perform``: what every worker runs the job through (the forking ``Worker``'s work
   horse, ``SimpleWorker`` in the worker's process, ``SpawnWorker``'s spawned horse, a
   synchronous queue). The job runs with the decoded snapshot as its current origin
-  (``_WithOrigin``), and its exception carries the "Work created at" note before RQ
+  (``WithOrigin``), and its exception carries the "Work created at" note before RQ
   formats ``exc_string``: the stored traceback (``job.latest_result().exc_string``,
   ``job.exc_info``, dashboards) and the worker's log show the enqueue line.
 
@@ -35,10 +35,10 @@ import sys
 from typing import Any, Callable, Optional
 
 from .._errors import warn_once
-from .._origin import _drop_own_entry, _WithOrigin
+from .._origin import drop_own_entry, WithOrigin
 from .._snapshot import Snapshot
 from . import MIN_VERSIONS, ON, CannotEnable, binder, patch, update_wrapper
-from .celery import _decode, _header_value, _publishing_snapshot
+from .celery import decode_header, header_value, publishing_snapshot
 
 #: The key of ``job.meta`` carrying the creating snapshot (RQ's own ``job.origin`` is the
 #: queue's name; the ``celery`` point's header has this name too).
@@ -106,10 +106,10 @@ def _mark(job: Any) -> None:
     meta = job.meta
     if not isinstance(meta, dict) or META_KEY in meta:
         return
-    snap = _publishing_snapshot()
+    snap = publishing_snapshot()
     if snap is None:
         return
-    job.meta = {**meta, META_KEY: _header_value(snap)}
+    job.meta = {**meta, META_KEY: header_value(snap)}
 
 
 def origin_of_job(job: Any) -> Optional[Snapshot]:
@@ -121,18 +121,18 @@ def origin_of_job(job: Any) -> Optional[Snapshot]:
     if value is None:
         return None
     try:
-        return _decode(value)
+        return decode_header(value)
     except (ValueError, TypeError):
         return None
 
 
 def _note_for_report(exc: BaseException, run: Any) -> None:
     try:
-        from .._origin import _lookup, _set_note
+        from .._origin import stored_origin, set_note
 
-        snap = _lookup(exc) or getattr(run, "_snap", None)
+        snap = stored_origin(exc) or getattr(run, "_snap", None)
         if snap is not None:
-            _set_note(exc, snap)
+            set_note(exc, snap)
     except Exception:
         pass
 
@@ -167,13 +167,13 @@ def apply() -> None:
                 try:
                     snap = origin_of_job(self)
                     if snap is not None:
-                        run = _WithOrigin(call, snap)
+                        run = WithOrigin(call, snap)
                 except Exception as exc:
                     _internal_error("Job.perform", exc)
             try:
                 return run(self)
             except BaseException as exc:
-                _drop_own_entry(exc, sys._getframe())  # the job's traceback as RQ's own
+                drop_own_entry(exc, sys._getframe())  # the job's traceback as RQ's own
                 if run is not call:
                     # RQ catches this in the worker and stores its formatted text (what
                     # latest_result().exc_string and dashboards show): a report, so the

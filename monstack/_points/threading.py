@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     import threading
     from typing import Any, Callable, Optional
 
-    from .._origin import _attach_if_absent, _drop_own_entry, _opaque, has_origin
+    from .._origin import attach_if_absent, drop_own_entry, opaque, has_origin
 
 #: Targets that run many jobs (pool and manager processes, trio's cached worker threads):
 #: no single origin is theirs.
@@ -33,16 +33,16 @@ _METHOD_TYPE: Any = None
 
 def _load_origin() -> None:
     """Bind what the replacements here use from ``_origin`` (once)."""
-    global _attach_if_absent, _drop_own_entry, _opaque, has_origin, _ThreadStart, _ThreadRun, _METHOD_TYPE
+    global attach_if_absent, drop_own_entry, opaque, has_origin, _ThreadStart, _ThreadRun, _METHOD_TYPE
     if _ThreadStart is not None:
         return
     from .. import _origin
 
-    _attach_if_absent, _drop_own_entry = _origin._attach_if_absent, _origin._drop_own_entry
-    _opaque, has_origin = _origin._opaque, _origin.has_origin
+    attach_if_absent, drop_own_entry = _origin.attach_if_absent, _origin.drop_own_entry
+    opaque, has_origin = _origin.opaque, _origin.has_origin
     _METHOD_TYPE = _origin._METHOD_TYPE
-    _ThreadRun = _define_thread_run(_origin._WithOrigin)
-    _ThreadStart = _define_thread_start(_origin._WithOrigin)
+    _ThreadRun = _define_thread_run(_origin.WithOrigin)
+    _ThreadStart = _define_thread_start(_origin.WithOrigin)
 
 
 # -- threading.Thread.start ------------------------------------------------------------------
@@ -66,7 +66,7 @@ def apply_thread_start() -> None:
                         _unbind_thread(self, bound)
                     raise
             except BaseException as exc:  # (the traceback a direct call gives)
-                _drop_own_entry(exc, sys._getframe())
+                drop_own_entry(exc, sys._getframe())
                 raise
 
         return start
@@ -141,7 +141,7 @@ def _define_thread_run(base: Any) -> Any:
             try:
                 base.__call__(self)
             except BaseException as exc:
-                _drop_own_entry(exc, sys._getframe())
+                drop_own_entry(exc, sys._getframe())
                 raise
             finally:
                 thread, bound = self._thread, self._bound
@@ -166,14 +166,14 @@ def apply_start_new_thread() -> None:
         def start_new_thread(function: Any, args: Any, *kwargs: Any) -> Any:
             try:
                 if ("start_new_thread" not in ON or _threading_bootstrap(function) or has_origin(function)
-                        or _opaque(function)):
+                        or opaque(function)):
                     return original(function, args, *kwargs)
                 snap = take()
                 if snap is None:
                     return original(function, args, *kwargs)
                 return original(_ThreadStart(function, snap), args, *kwargs)
             except BaseException as exc:  # (the traceback a direct call gives)
-                _drop_own_entry(exc, sys._getframe())
+                drop_own_entry(exc, sys._getframe())
                 raise
 
         return start_new_thread
@@ -203,12 +203,12 @@ def _define_thread_start(base: Any) -> Any:
             try:
                 return base.__call__(self, *args, **kwargs)
             except Exception as exc:
-                _drop_own_entry(exc, sys._getframe())
+                drop_own_entry(exc, sys._getframe())
                 if _report_unraisable(exc, self):
                     return None
                 raise
             except BaseException as exc:
-                _drop_own_entry(exc, sys._getframe())
+                drop_own_entry(exc, sys._getframe())
                 raise
 
         def __repr__(self) -> str:
@@ -227,7 +227,7 @@ def _report_unraisable(exc: BaseException, function: Any) -> bool:
     gets the exception as usual (``monstack.origin_of`` knows its origin). Imports nothing
     (``_origin`` was loaded when the point was applied)."""
     _origin = sys.modules.get("monstack._origin")
-    if _origin is None or sys.unraisablehook is not sys.__unraisablehook__ or _origin._lookup(exc) is None:
+    if _origin is None or sys.unraisablehook is not sys.__unraisablehook__ or _origin.stored_origin(exc) is None:
         return False
         return False
     try:
@@ -235,7 +235,7 @@ def _report_unraisable(exc: BaseException, function: Any) -> bool:
             head = f"Exception ignored in thread started by {function!r}:\n"
         else:
             head = f"Exception ignored in thread started by: {function!r}\n"
-        text = head + "".join(_origin._fmt()._traceback_lines(exc, False, True, _origin._lookup, top=True))
+        text = head + "".join(_origin._fmt()._traceback_lines(exc, False, True, _origin.stored_origin, top=True))
         stderr = sys.stderr
         if stderr is None:
             return True

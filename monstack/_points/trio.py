@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 
 from . import ON, PATCHES, binder, patch, take
-from .._origin import _attach_if_absent, carry, has_origin
+from .._origin import attach_if_absent, carry, has_origin
 from .._snapshot import CURRENT_ORIGIN
 
 TYPE_CHECKING = False
@@ -63,7 +63,7 @@ def apply() -> None:
                     if snap is not None:
                         exc = getattr(outcome, "error", None)
                         if isinstance(exc, Exception):
-                            _attach_if_absent(exc, snap)
+                            attach_if_absent(exc, snap)
                 except Exception:
                     pass
             return call(self, task, outcome, *rest, **kwargs)

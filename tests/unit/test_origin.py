@@ -143,7 +143,7 @@ def test_wrapped_origin_is_pickled_once_and_unpickled_once(monkeypatch):
         pickle.loads(pickle.dumps(at(depth)))
         assert 0 < len(_origin._RECEIVED) <= _origin._RECEIVED_MAX
     with pytest.raises(TypeError, match="must be a Snapshot"):
-        _origin._received(operator.add, pickle.dumps(42))
+        _origin.carrier_from_bytes(operator.add, pickle.dumps(42))
 
 
 def test_wrap_inside_work_chains(mode):
@@ -228,10 +228,10 @@ def test_notes_mode_note_is_added_once_and_replaced():
     exc.add_note("a user note")
     first = here()  # @note-first
     second = here()  # @note-second
-    _origin._set_note(exc, first)
-    _origin._set_note(exc, first)
+    _origin.set_note(exc, first)
+    _origin.set_note(exc, first)
     assert len(our_notes(exc)) == 1
-    _origin._set_note(exc, second)
+    _origin.set_note(exc, second)
     assert exc.__notes__[0] == "a user note"
     (note,) = our_notes(exc)
     assert f'line {line_of("note-second")},' in note
@@ -240,7 +240,7 @@ def test_notes_mode_note_is_added_once_and_replaced():
     assert note in "".join(traceback.format_exception(exc))
     # An origin with no frames to show gives no note at all.
     bare = Boom("y")
-    _origin._set_note(bare, _FramelessSnap())
+    _origin.set_note(bare, _FramelessSnap())
     assert not hasattr(bare, "__notes__")
 
 
@@ -251,14 +251,14 @@ def _FramelessSnap() -> monstack.Snapshot:
 
 def test_an_origin_without_frames_is_never_attached_nor_shown():
     exc = Boom("x")
-    _origin._attach_if_absent(exc, _FramelessSnap())
+    _origin.attach_if_absent(exc, _FramelessSnap())
     assert origin_of(exc) is None
     assert "(no tracked frames)" not in format_exception(exc, color=False)
     attach(exc, _FramelessSnap())  # explicitly: recorded, still not shown
     text = format_exception(exc, color=False)
     assert HEADING not in text and "(no tracked frames)" not in text
     snap = here()
-    _origin._attach_if_absent(exc, snap)  # (not absent: the explicit one stays)
+    _origin.attach_if_absent(exc, snap)  # (not absent: the explicit one stays)
     assert origin_of(exc).records() == ()
 
 
@@ -351,7 +351,7 @@ def test_failing_str_and_repr_never_break_the_report():
     # A wrapped callable whose repr fails still has a repr.
     assert "monstack.wrap" in repr(wrap(BadNote))  # BadNote instances are not involved
     obj = BadNote()
-    assert "BadNote" in repr(_origin._WithOrigin(obj, snap))  # type: ignore[arg-type]
+    assert "BadNote" in repr(_origin.WithOrigin(obj, snap))  # type: ignore[arg-type]
 
 
 def test_notes_attribute_that_raises():
@@ -462,7 +462,7 @@ def test_cap_message_in_reports():
     text = format_exception(exc, color=False)
     assert text.count("created at (most recent call last):") == 2
     assert "[5 more hops dropped (chain_limit=2)]" in text
-    _origin._set_note(exc, origin_of(exc))  # notes mode's note says so too
+    _origin.set_note(exc, origin_of(exc))  # notes mode's note says so too
     assert "[5 more hops dropped (chain_limit=2)]" in our_notes(exc)[0]
 
 
@@ -564,7 +564,7 @@ def test_wrapper_answers_as_the_callable_does():
         "documented", "documented", __name__, "Adds two numbers.")
     assert back._snap.records() == w._snap.records()
     # The class itself is still an ordinary class.
-    assert _origin._WithOrigin.__name__ == "_WithOrigin"
+    assert _origin.WithOrigin.__name__ == "WithOrigin"
 
 
 def test_callables_no_wrapper_can_stand_in_for_travel_unwrapped():
@@ -582,12 +582,12 @@ def test_callables_no_wrapper_can_stand_in_for_travel_unwrapped():
             assert _origin.carry(fn, snap) is fn, fn
     finally:
         kinds[6].close()
-    assert type(_origin.carry(documented, snap)) is _origin._WithOrigin
-    assert type(_origin.carry(Holder().plain, snap)) is _origin._WithOrigin
+    assert type(_origin.carry(documented, snap)) is _origin.WithOrigin
+    assert type(_origin.carry(Holder().plain, snap)) is _origin.WithOrigin
     # partial(ctx.run, f): what asyncio.to_thread hands over; f gets the origin inside it
     ctx = contextvars.copy_context()
     inner = _origin.carry(functools.partial(ctx.run, documented, 1), snap)
-    assert inner.func == ctx.run and type(inner.args[0]) is _origin._WithOrigin and inner.args[1:] == (1,)
+    assert inner.func == ctx.run and type(inner.args[0]) is _origin.WithOrigin and inner.args[1:] == (1,)
     assert inner() == 3 and _origin.has_origin(inner)
     coro_call = functools.partial(ctx.run, coroutine_function)
     assert _origin.carry(coro_call, snap) is coro_call

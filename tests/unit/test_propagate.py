@@ -472,7 +472,7 @@ def test_pool_and_manager_processes_are_left_alone(installed):
         assert _points_mp._bind_process_run(proc) is None
         assert proc._target is target and "run" not in vars(proc)
     proc = multiprocessing.get_context("spawn").Process(target=operator.truediv)
-    assert isinstance(_points_mp._bind_process_run(proc), _origin._RunOf)
+    assert isinstance(_points_mp._bind_process_run(proc), _origin.RunOf)
     assert proc._target is operator.truediv  # the target itself is never replaced
 
 
@@ -1005,7 +1005,7 @@ def test_snapshot_failure_never_breaks_the_host(installed, monkeypatch):
     def broken():
         raise RuntimeError("internal")
 
-    monkeypatch.setattr(_points, "_snap", broken)
+    monkeypatch.setattr(_points, "capture_snapshot", broken)
     with cf.ThreadPoolExecutor(1) as pool:
         assert pool.submit(operator.add, 1, 2).result() == 3
     t = threading.Thread(target=lambda: None)
@@ -1019,7 +1019,7 @@ def test_snapshot_failure_never_breaks_the_host(installed, monkeypatch):
 
 
 def test_partial_with_origin_is_not_wrapped_twice():
-    wrapped = _origin._WithOrigin(len, monstack.snapshot())
+    wrapped = _origin.WithOrigin(len, monstack.snapshot())
     assert _origin.has_origin(wrapped)
     assert _origin.has_origin(functools.partial(object.__call__, wrapped))
     assert not _origin.has_origin(len)
@@ -1079,7 +1079,7 @@ async def coroutine_job() -> int:
 
 
 def _answers_like(seen: Any, fn: Any) -> None:
-    assert seen is fn or type(seen) is _origin._WithOrigin, seen
+    assert seen is fn or type(seen) is _origin.WithOrigin, seen
     for name in ("__name__", "__qualname__", "__module__", "__doc__"):
         assert getattr(seen, name) == getattr(fn, name), name
     assert inspect.signature(seen) == inspect.signature(fn)
@@ -1154,7 +1154,7 @@ def test_thread_pool_wraps_plain_functions_but_not_marked_coroutine_functions(in
             assert pool.submit(marked).result() is None
             inside = pool.submit(decorated).result()  # @plain-submit
         assert work_items[0] is marked
-        assert type(work_items[1]) is _origin._WithOrigin and work_items[1].__wrapped__ is decorated
+        assert type(work_items[1]) is _origin.WithOrigin and work_items[1].__wrapped__ is decorated
         assert work_items[1]._sent is None
         assert_created_at(inside, "plain-submit")
 
