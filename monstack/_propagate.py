@@ -166,20 +166,17 @@ def stop() -> None:
 
 
 #: The families, by module name in ``monstack._points``.
-_FAMILIES = tuple(dict.fromkeys(where.rsplit(".", 1)[0] for parts in (*REGISTRY.values(), GREENLET_PARTS, REPORT_PARTS)
-                                for _trigger, where in parts))
+_FAMILIES = tuple(dict.fromkeys(where.rpartition(".")[0] for parts in (*REGISTRY.values(), GREENLET_PARTS, REPORT_PARTS)
+                                for _trigger, where in parts if "." in where))
 
 
 def _apply(name: str, where: str) -> None:
     """Apply one part of point ``name``: ``where`` is ``"family.function"`` in
-    ``monstack._points`` (the family imported now, with what its points need). A
+    ``monstack._points`` (the family imported now, with what its points need), or
+    ``"function"`` of ``monstack._points`` itself. A
     :class:`CannotEnable` is reported (once) and the program runs on without the point."""
-    family, function = where.rsplit(".", 1)
-    module_name = f"{_points.__name__}.{family}"
-    module = sys.modules.get(module_name)
-    if module is None:
-        __import__(module_name)
-        module = sys.modules[module_name]
+    family, _, function = where.rpartition(".")  # (no family: a function of _points itself)
+    module = _points.family(family) if family else _points
     try:
         getattr(module, function)()
     except CannotEnable as exc:

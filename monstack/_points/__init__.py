@@ -26,11 +26,14 @@ and calls ``<function>()`` with no arguments. That function:
 
 A family may define ``stop()``: called (if the family is loaded) when propagation stops,
 after the patches are undone. Families are imported only when a trigger is: MONSTACK=1
-start-up loads only the ``threading`` family (``_thread`` is always imported).
+start-up loads none: the parts whose triggers are always imported (``_thread``, ``sys``) are
+named ``"function"`` (no family), functions of this module (:func:`apply_start_new_thread`,
+:func:`apply_excepthook`) whose replacements load their family's code on first use.
 """
 
 from __future__ import annotations
 
+import _thread
 import sys
 
 from .. import _capture
@@ -58,7 +61,7 @@ MIN_VERSIONS: dict[str, tuple[int, int]] = {
 #: Each point: its parts, ``(module whose import makes it patchable, "family.function")``.
 REGISTRY: dict[str, tuple[tuple[str, str], ...]] = {
     "threading": (("threading", "threading.apply_thread_start"),),
-    "start_new_thread": (("_thread", "threading.apply_start_new_thread"),),
+    "start_new_thread": (("_thread", "apply_start_new_thread"),),  # (a function of this module)
     "thread_pool": (("concurrent.futures.thread", "futures.apply_thread_pool"),),
     "process_pool": (("concurrent.futures.process", "futures.apply_process_pool"),),
     "asyncio_tasks": (("asyncio", "asyncio.apply_tasks"), ("uvloop", "asyncio.apply_uvloop_tasks")),
@@ -84,7 +87,7 @@ GREENLET_PARTS: tuple[tuple[str, str], ...] = (("greenlet", "greenlet.start"),)
 #: their origins (``reports``; in :data:`ON` while installed).
 REPORTS = "(reports)"
 REPORT_PARTS: tuple[tuple[str, str], ...] = (
-    ("sys", "reports.apply_excepthook"),
+    ("sys", "apply_excepthook"),  # (a function of this module: no family loads at install())
     ("threading", "reports.apply_threading_excepthook"),
     ("asyncio", "reports.apply_asyncio"),
 )
@@ -200,3 +203,87 @@ def check_version(package: str) -> None:
         oldest = ".".join(map(str, minimum))
         raise CannotEnable(f"{package} {text or '(unknown version)'} is not supported "
                            f"(needs {package} >= {oldest})")
+
+
+# -- applied at install() without loading a family -------------------------------------------------
+
+_ORIGIN_MODULE = __name__.rsplit(".", 1)[0] + "._origin"
+
+
+def family(name: str) -> Any:
+    """The family ``monstack._points.<name>``, imported now if it is not yet: by name, as the
+    registry names the families (this module sits below them and imports none itself)."""
+    module_name = f"{__name__}.{name}"
+    module = sys.modules.get(module_name)
+    if module is None:
+        __import__(module_name)
+        module = sys.modules[module_name]
+    return module
+
+
+def drop_own_entry(exc: BaseException, frame: Any) -> None:
+    """``monstack._origin.drop_own_entry`` (the same code, for replacements that run before
+    ``_origin`` is loaded): take ``frame``'s entry off the head of ``exc``'s traceback."""
+    try:
+        tb = exc.__traceback__
+        if tb is not None and tb.tb_frame is frame:
+            exc.__traceback__ = tb.tb_next
+    except Exception:
+        pass
+
+
+def apply_start_new_thread() -> None:
+    """The ``start_new_thread`` point, applied at ``install()`` (``_thread`` is always
+    imported; ``threading`` binds it when imported on 3.11/3.12) without loading its
+    family: the replacement calls the one ``threading.start_new_thread_for`` makes, loaded
+    with the first thread started while the point is on. Where that import fails (a thread
+    started at interpreter shutdown) the thread meets CPython's own error, without an
+    origin."""
+
+    def make(original: Callable[..., Any]) -> Callable[..., Any]:
+        made: list = []
+
+        def start_new_thread(function: Any, args: Any, *kwargs: Any) -> Any:
+            try:
+                if "start_new_thread" not in ON:
+                    return original(function, args, *kwargs)
+                if not made:
+                    try:
+                        made[:] = [family("threading").start_new_thread_for(original)]
+                    except Exception:
+                        pass
+                    if not made:  # (called outside the handler: no context on its error)
+                        return original(function, args, *kwargs)
+                return made[0](function, args, *kwargs)
+            except BaseException as exc:  # (the traceback a direct call gives)
+                drop_own_entry(exc, sys._getframe())
+                raise
+
+        return start_new_thread
+
+    patch(_thread, "start_new_thread", make)
+    if "start_new" in _thread.__dict__:  # the obsolete synonym (its own builtin)
+        patch(_thread, "start_new", make)
+
+
+def apply_excepthook() -> None:
+    """``sys.excepthook``'s part of :data:`REPORTS`. Until ``monstack._origin`` is loaded no
+    exception has an origin, so the replacement calls what it replaced; from then on it is
+    ``reports.excepthook`` (loaded with the first uncaught exception: a report at
+    interpreter exit still runs before the interpreter is torn down; if that import fails,
+    the hook it replaced reports the exception as it would without monstack)."""
+
+    def make(original: Callable[..., Any]) -> Callable[..., Any]:
+        def excepthook(exc_type: Any, exc_value: Any, exc_tb: Any) -> Any:
+            if REPORTS in ON and _ORIGIN_MODULE in sys.modules:
+                try:
+                    report = family("reports").excepthook
+                except Exception:
+                    report = None
+                if report is not None:
+                    return report(original, exc_type, exc_value, exc_tb)
+            return original(exc_type, exc_value, exc_tb)
+
+        return excepthook
+
+    patch(sys, "excepthook", make)

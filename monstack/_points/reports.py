@@ -4,7 +4,9 @@ Not a propagation point: while monstack is installed (:data:`REPORTS` in ``ON``)
 patches wrap what reports an exception nobody caught, so the exceptions themselves can be
 left as the program sees them (no note; see ``monstack._origin``):
 
-- ``sys.excepthook`` (the main thread's uncaught exception; ``python -m monstack run``);
+- ``sys.excepthook`` (the main thread's uncaught exception; ``python -m monstack run``):
+  patched at ``install()`` by ``monstack._points.apply_excepthook``, which loads this module
+  only once an origin may exist (``monstack._origin`` loaded): MONSTACK=1 start-up stays lean;
 - ``threading.excepthook`` (a thread's), patched when ``threading`` is imported;
 - ``asyncio``'s ``BaseEventLoop.default_exception_handler`` ("Task exception was never
   retrieved", "Future exception was never retrieved", a failed callback...). A handler
@@ -62,29 +64,26 @@ def _render(origin: Any, exc: BaseException, file: Any, cpython_colours: bool = 
 # -- sys.excepthook ----------------------------------------------------------------------------
 
 
-def apply_excepthook() -> None:
-    def make(original: Callable[..., Any]) -> Callable[..., Any]:
-        def excepthook(exc_type: Any, exc_value: Any, exc_tb: Any) -> Any:
-            origin = _origins_module()
-            if REPORTS not in ON or not _has_origins(origin, exc_value):
-                return original(exc_type, exc_value, exc_tb)
-            if original is sys.__excepthook__ and exc_tb is exc_value.__traceback__:
-                stderr = sys.stderr
-                if stderr is None:
-                    return None
-                try:
-                    text = _render(origin, exc_value, stderr)
-                except Exception:
-                    return original(exc_type, exc_value, exc_tb)
-                stderr.write(text)
-                stderr.flush()
-                return None
-            with origin.notes_shown(exc_value):
-                return original(exc_type, exc_value, exc_tb)
-
-        return excepthook
-
-    patch(sys, "excepthook", make)
+def excepthook(original: Callable[..., Any], exc_type: Any, exc_value: Any, exc_tb: Any) -> Any:
+    """What ``sys.excepthook``'s replacement (``monstack._points.apply_excepthook``, applied
+    at ``install()`` without loading this module) does once an origin may exist: ``original``
+    is the hook it replaced."""
+    origin = _origins_module()
+    if REPORTS not in ON or not _has_origins(origin, exc_value):
+        return original(exc_type, exc_value, exc_tb)
+    if original is sys.__excepthook__ and exc_tb is exc_value.__traceback__:
+        stderr = sys.stderr
+        if stderr is None:
+            return None
+        try:
+            text = _render(origin, exc_value, stderr)
+        except Exception:
+            return original(exc_type, exc_value, exc_tb)
+        stderr.write(text)
+        stderr.flush()
+        return None
+    with origin.notes_shown(exc_value):
+        return original(exc_type, exc_value, exc_tb)
 
 
 # -- threading.excepthook ----------------------------------------------------------------------

@@ -1,25 +1,26 @@
 """The ``threading`` and ``start_new_thread`` points (see ``monstack._propagate``).
 
-Loaded at ``install()``: ``_thread`` is always imported, so ``start_new_thread``'s patch is
-applied then, with what it needs from ``monstack._origin`` (not the formatting: that loads
-with the first note). Nothing here imports ``threading``: a program that must run before
-it is imported (gevent's monkey-patching) still can under MONSTACK=1.
+``start_new_thread``'s patch is applied at ``install()`` (``_thread`` is always imported) by
+``monstack._points.apply_start_new_thread``, which loads this module (and
+``monstack._origin``) with the first thread started that way; ``threading``'s patch loads
+both when applied (the formatting loads with the first note). Nothing here imports
+``threading``: a program that must run before it is imported (gevent's monkey-patching)
+still can under MONSTACK=1.
 """
 
 from __future__ import annotations
 
-import _thread
 import sys
 
 from .. import _env
-from . import ON, binder, patch, take
+from . import ON, binder, drop_own_entry, patch, take
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import threading
     from typing import Any, Callable, Optional
 
-    from .._origin import attach_if_absent, drop_own_entry, opaque, has_origin
+    from .._origin import attach_if_absent, opaque, has_origin
 
 #: Targets that run many jobs (pool and manager processes, trio's cached worker threads):
 #: no single origin is theirs.
@@ -29,6 +30,7 @@ INTERNAL_TARGET_MODULES = ("multiprocessing.", "concurrent.futures.", "trio._cor
 _ThreadStart: Any = None
 _ThreadRun: Any = None
 _METHOD_TYPE: Any = None
+# drop_own_entry: _points' until _origin is loaded, then _origin's (the same code)
 
 
 def _load_origin() -> None:
@@ -156,31 +158,37 @@ def _define_thread_run(base: Any) -> Any:
 # -- _thread.start_new_thread --------------------------------------------------------------------
 
 
-def apply_start_new_thread() -> None:
-    # Everything the replacement needs is bound now (at install(): _thread is always
-    # imported), never on a call: a thread started at interpreter shutdown must meet
-    # CPython's own error, not a failing import.
-    _load_origin()
+def start_new_thread_for(original: Callable[..., Any]) -> Callable[..., Any]:
+    """What ``_thread.start_new_thread``'s replacement (``monstack._points.apply_start_new_thread``,
+    applied at ``install()``) calls once a thread is started while the point is on:
+    ``original`` with the starter's snapshot as the new thread's origin. ``_origin`` loads
+    now (at interpreter shutdown that import fails: the thread then meets CPython's own
+    error, without an origin)."""
 
-    def make(original: Callable[..., Any]) -> Callable[..., Any]:
-        def start_new_thread(function: Any, args: Any, *kwargs: Any) -> Any:
-            try:
-                if ("start_new_thread" not in ON or _threading_bootstrap(function) or has_origin(function)
-                        or opaque(function)):
-                    return original(function, args, *kwargs)
-                snap = take()
-                if snap is None:
-                    return original(function, args, *kwargs)
-                return original(_ThreadStart(function, snap), args, *kwargs)
-            except BaseException as exc:  # (the traceback a direct call gives)
-                drop_own_entry(exc, sys._getframe())
-                raise
+    def start_new_thread(function: Any, args: Any, *kwargs: Any) -> Any:
+        try:
+            if (_threading_bootstrap(function) or not _origin_loaded() or has_origin(function)
+                    or opaque(function)):
+                return original(function, args, *kwargs)
+            snap = take()
+            if snap is None:
+                return original(function, args, *kwargs)
+            return original(_ThreadStart(function, snap), args, *kwargs)
+        except BaseException as exc:  # (the traceback a direct call gives)
+            drop_own_entry(exc, sys._getframe())
+            raise
 
-        return start_new_thread
+    return start_new_thread
 
-    patch(_thread, "start_new_thread", make)
-    if "start_new" in _thread.__dict__:  # the obsolete synonym (its own builtin)
-        patch(_thread, "start_new", make)
+
+def _origin_loaded() -> bool:
+    """:func:`_load_origin`, False where it fails (at interpreter shutdown imports do)."""
+    if _ThreadStart is None:
+        try:
+            _load_origin()
+        except Exception:
+            return False
+    return True
 
 
 def _threading_bootstrap(function: Any) -> bool:

@@ -339,14 +339,16 @@ def test_start_up_imports_none_of_the_heavy_modules():
     assert backend == expected_backend()
     assert sorted(added & set(NOT_AT_START_UP)) == []
     assert not [m for m in added if m.startswith(("asyncio.", "logging.", "json.", "re.", "concurrent", "multiprocessing"))]
-    # nor monstack's own modules that tracking does not need yet: the formatting loads with
-    # the first note (the start_new_thread point, applied at start-up, loads _origin without
-    # it), the dump signal's with MONSTACK_DUMP_SIGNAL
+    # nor monstack's own modules that tracking does not need yet: the origins' (with the
+    # first thread started: the start_new_thread point is applied at start-up without them),
+    # the reports' (with the first uncaught exception once an origin may exist), the
+    # formatting (with the first note), the dump signal's (with MONSTACK_DUMP_SIGNAL)
     assert sorted(added & set(NOT_MONSTACK_AT_START_UP)) == []
 
 
 #: monstack's modules that MONSTACK=1 start-up leaves for later (first use).
-NOT_MONSTACK_AT_START_UP = ("monstack._format", "monstack._colorize", "monstack._threads",
+NOT_MONSTACK_AT_START_UP = ("monstack._format", "monstack._colorize", "monstack._threads", "monstack._origin",
+                            "monstack._points.threading", "monstack._points.reports",
                             "monstack._points.greenlet", "monstack._dump", "monstack._dumpsig")
 
 

@@ -237,8 +237,8 @@ def test_the_points_base_is_below_the_families_and_nothing_there_imports_the_swi
 def test_the_registry_names_families_that_exist():
     from monstack import _points
 
-    for parts in (*_points.REGISTRY.values(), _points.GREENLET_PARTS):
+    for parts in (*_points.REGISTRY.values(), _points.GREENLET_PARTS, _points.REPORT_PARTS):
         for _trigger, where in parts:
-            family, function = where.rsplit(".", 1)
-            source = (POINTS / f"{family}.py").read_text(encoding="utf-8")
+            family, _, function = where.rpartition(".")  # (no family: a function of _points itself)
+            source = (POINTS / (f"{family}.py" if family else "__init__.py")).read_text(encoding="utf-8")
             assert f"\ndef {function}(" in source, where

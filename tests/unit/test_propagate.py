@@ -1546,8 +1546,9 @@ at_finalization = AtFinalization()
 @pytest.mark.parametrize("how", ["start_new_thread", "threading"])
 def test_a_thread_started_at_interpreter_shutdown_fails_as_without_monstack(how, tmp_path):
     """At shutdown (a ``__del__`` run while modules are finalized, ``sys.meta_path`` gone)
-    CPython refuses a new thread with its own RuntimeError; the points load nothing on a
-    call, so the program sees that error, with the same traceback, under monstack too."""
+    CPython refuses a new thread with its own RuntimeError; where a point cannot load what
+    it needs then (``start_new_thread``'s loads its family with the first thread), it calls
+    through, so the program sees that error, with the same traceback, under monstack too."""
     import re
     import subprocess
 
