@@ -13,9 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,6 +21,7 @@ from typing import Any, Iterator
 
 import pytest
 
+import redis_server
 import stackcheck
 from conftest import engine_module, integration_module
 
@@ -227,47 +226,14 @@ def test_the_oldest_supported_version_is_what_is_installed_or_newer():
 # -- real workers on a real redis -----------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _ping(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
-            s.sendall(b"PING\r\n")
-            return s.recv(16).startswith(b"+PONG")
-    except OSError:
-        return False
-
-
 @pytest.fixture(scope="module")
 def redis_port() -> Iterator[int]:
-    exe = shutil.which("redis-server")
-    if exe is None:
-        need("redis-server is not installed (Debian: apt-get install redis-server)")
     try:
         import redis  # noqa: F401
     except ImportError as exc:
         need(f"the redis client cannot be imported ({exc}); pip install -e '.[engines]'")
-    port = _free_port()
-    proc = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 30
-        while not _ping(port):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"redis-server did not start on port {port}")
-            time.sleep(0.05)
+    with redis_server.running(need, lambda reason: pytest.fail(reason, pytrace=False)) as port:
         yield port
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 class Worker:
