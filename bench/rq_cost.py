@@ -22,7 +22,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -34,27 +33,14 @@ from monstack._settings import PROPAGATION_POINTS
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PROGRAMS = os.path.join(HERE, os.pardir, "tests", "programs")
+sys.path.insert(0, os.path.join(HERE, os.pardir, "tests"))
+from redis_server import answers as ping, free_port  # noqa: E402 (the tests' helper)
 WITHOUT = [p for p in PROPAGATION_POINTS if p != "rq"]
 WORKERS = {"fork": "rq.worker.Worker", "simple": "rq.worker.SimpleWorker"}
 
 
 def deep(n, f):
     return deep(n - 1, f) if n else f()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def ping(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
-            s.sendall(b"PING\r\n")
-            return s.recv(16).startswith(b"+PONG")
-    except OSError:
-        return False
 
 
 def cpu_seconds(pid: int) -> float:
