@@ -27,6 +27,7 @@ import sys
 
 from . import _cdata as C
 from . import _env, _native, _stack
+from ._backend import COROUTINE_EXIT
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -547,7 +548,7 @@ def callbacks(
         epoch = _epoch
     state = new_state(
         tls, policy.tracked_files(), decide, seed, resync, on_error,
-        mon.DISABLE, _stack.UNKNOWN, "cell", "__dict__", _extra_index, epoch,
+        mon.DISABLE, _stack.UNKNOWN, "cell", "__dict__", COROUTINE_EXIT, _extra_index, epoch,
     )
     def fn(blob: _native.Blob, symbol: str, name: str, self_obj: Any) -> Any:
         return _direct(_native.cached_function(blob, symbol, name, self_obj=self_obj), blob,

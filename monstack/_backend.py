@@ -27,6 +27,27 @@ else:
     Protocol = object
 
 
+#: Coroutine exits. A tracking backend that can (``monitoring``, ``evalframe``) calls
+#: ``COROUTINE_EXIT[0](code, exc)``, when the slot holds a handler, each time an
+#: ``Exception`` leaves a frame of a coroutine (``CO_COROUTINE``) whose caller is not a
+#: generator, coroutine or async generator frame -- the outermost coroutine of an
+#: asyncio task's step -- whether or not its code is tracked. The exception is still
+#: propagating and the current context is the frame's. The ``asyncio_tasks`` point fills
+#: the slot: a failed task's origin is attached there, on the failure path only,
+#: instead of by a done callback per task. (A list: the native callbacks read it.)
+COROUTINE_EXIT: list = [None]
+
+#: ``[True]`` while the running backend reports coroutine exits: set by its ``start()``,
+#: cleared by ``stop()`` (and by ``retire_fast()`` where the reports stop with the fast
+#: paths: another eval_frame function replaced the 3.11 shim).
+EXITS_REPORTED: list = [False]
+
+#: The ``co_flags`` bits of code whose frames can be suspended (generators, coroutines,
+#: async generators): a frame below a coroutine's that has one of them awaits it.
+CO_SUSPENDABLE = 0x20 | 0x80 | 0x100 | 0x200
+CO_COROUTINE = 0x80
+
+
 class Host:
     """What a backend may call back into (provided by ``_install``)."""
 
@@ -55,6 +76,7 @@ class Backend(Protocol):
     name: str
     #: Keeps shadow stacks (True) or walks the real frames at each capture (False).
     tracking: bool
+
 
     #: Optional native fast paths, None where the backend has none (or retired them):
     #: the whole O(1) case of ``snapshot()`` (called from inside it: returns the finished

@@ -28,7 +28,7 @@ from . import _capture, _env, _format, _threads
 from ._colorize import ANSI, resolve
 from ._dumpproto import escape_controls
 from ._policy import _MONSTACK_DIR
-from ._snapshot import frame_record
+from ._snapshot import CURRENT_ORIGIN, frame_record
 
 #: Default size cap of a report, in bytes (UTF-8); sections past it are counted, not shown.
 DEFAULT_LIMIT = 1_000_000
@@ -282,15 +282,38 @@ def _await_chain(task: Any) -> tuple[list, Any]:
 
 
 def _task_origin(task: Any) -> Any:
-    """The creation snapshot the ``asyncio_tasks`` point gave ``task`` (its done callback)."""
+    """The creation snapshot the ``asyncio_tasks`` point gave ``task``: its done callback's
+    where it has one (a task given its own ``context=``...), else the origin its creation
+    set in the task's context."""
     try:
         callbacks = task._callbacks or ()
     except Exception:
-        return None
+        callbacks = ()
     for entry in list(callbacks):
         cb = entry[0] if isinstance(entry, tuple) else entry
         if type(cb).__name__ == "_TaskDone" and type(cb).__module__ == "monstack._points":
             return getattr(cb, "_snap", None)
+    try:
+        return _task_context(task).get(CURRENT_ORIGIN)
+    except Exception:
+        return None
+
+
+def _task_context(task: Any) -> Any:
+    """The context a task runs in (``get_context()``, 3.12+; before, the one the task
+    holds: 3.11's C task does not show it)."""
+    get_context = getattr(task, "get_context", None)
+    if get_context is not None:
+        return get_context()
+    context = getattr(task, "_context", None)  # (asyncio's Python Task)
+    if context is not None:
+        return context
+    import contextvars
+    import gc
+
+    for ref in gc.get_referents(task):
+        if type(ref) is contextvars.Context:
+            return ref
     return None
 
 

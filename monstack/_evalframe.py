@@ -28,6 +28,7 @@ import sys
 from . import _cdata as C
 from . import _env, _stack
 from . import _native as _loader
+from ._backend import COROUTINE_EXIT, EXITS_REPORTED
 from ._errors import warn
 from ._policy import Policy
 
@@ -221,6 +222,7 @@ def _probe_with(mem: "_SafeMemory", off: Dict[str, int]) -> List[str]:
         expected = ops.index(resume) if resume in ops else -1
         got = _rd_i32(id(code) + off["co_firsttraceable"])
         check("co_firsttraceable", got == expected, f"{code.co_name}: {got} != {expected}")
+        check("co_flags", _rd_i32(id(code) + off["co_flags"]) == code.co_flags)
 
     # plain object layouts
     lst = [object()]
@@ -429,6 +431,8 @@ def _load_into(nat: _Native) -> Optional[str]:
     blob.put_ptr(f["py_false"], id(False))
     blob.put_ptr(f["exc_recursion"], id(RecursionError))
     blob.put_ptr(f["exc_type_error"], id(TypeError))
+    blob.put_ptr(f["exc_exception"], id(Exception))
+    blob.put_ptr(f["coro_exit"], id(COROUTINE_EXIT))
     blob.put_ptr(f["str_type"], id(str))
     blob.put_ptr(f["eval_slot"], nat.interp + off["interp_eval_frame"])
     blob.put_ptr(f["list_type"], id(list))
@@ -612,6 +616,7 @@ class EvalFrameBackend:
         _stack.watch_collections(True)
         global _running
         _running = self
+        EXITS_REPORTED[0] = True
 
     def _start_snapshots(self, nat: _Native) -> None:
         """Offer the native snapshot paths, if ``Snapshot``'s layout is the one the shim
@@ -662,6 +667,7 @@ class EvalFrameBackend:
             return
         self._nat = None
         self._eval_view = None
+        EXITS_REPORTED[0] = False
         global _running
         if _running is self:
             _running = None
@@ -677,7 +683,9 @@ class EvalFrameBackend:
     def retire_fast(self) -> None:
         """The native snapshot paths stop answering (uninstall, or a shadow stack that
         can no longer be trusted); handed-out ``snapshotter()`` functions fall back to
-        ``monstack.snapshot``."""
+        ``monstack.snapshot``. Coroutine exits are no longer reported either (the shim
+        may have been replaced)."""
+        EXITS_REPORTED[0] = False
         self.snapshot_native = None
         self.capture_native = None
         nat = self._nat

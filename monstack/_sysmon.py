@@ -9,6 +9,9 @@ code object against the top and resynchronise from the real frames on disagreeme
 Filtered code: its first PY_START/PY_RESUME/PY_RETURN/PY_YIELD returns
 ``sys.monitoring.DISABLE``, so its later events are never delivered. PY_THROW and
 PY_UNWIND cannot be disabled; those callbacks ignore filtered code.
+
+PY_UNWIND also reports coroutine exits (``Backend.reports_coroutine_exits``): an
+``Exception`` leaving a coroutine frame whose caller awaits nothing (tracked code or not).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import _thread
 import sys
 
 from . import _env, _stack
+from ._backend import CO_COROUTINE, CO_SUSPENDABLE, COROUTINE_EXIT, EXITS_REPORTED
 from ._policy import Policy
 from ._settings import env_accelerator_off
 
@@ -248,12 +252,26 @@ def _callbacks(policy: Policy, tls, on_error: Callable[[BaseException], None]):
             on_error(exc)
         return None
 
+    exit_slot = COROUTINE_EXIT
+
+    def coroutine_exit(code: CodeType, exc: BaseException) -> None:
+        # frames: 0 this, 1 on_unwind, 2 the event's (still the current one), 3 its caller
+        frame = getframe(2)
+        if frame.f_code is code:
+            back = frame.f_back  # (skips the C entry frame of a coroutine resumed from C)
+            if back is None or not back.f_code.co_flags & CO_SUSPENDABLE:
+                hook = exit_slot[0]
+                if hook is not None:
+                    hook(code, exc)
+
     def on_unwind(code: CodeType, offset: int, exc: BaseException):
         # PY_UNWIND cannot be disabled: filtered code reports every frame an exception
         # leaves, often on a thread with no stack (where reading tls.cell raises). Its
         # code has no node on any stack (every stack is built under this policy since
         # start()): nothing to pop, so it is asked about first.
         try:
+            if code.co_flags & CO_COROUTINE and exit_slot[0] is not None and isinstance(exc, Exception):
+                coroutine_exit(code, exc)
             if code.co_filename not in tracked_set and not decide(code):
                 return
             try:
@@ -374,6 +392,7 @@ class MonitoringBackend:
             events |= event
         mon.set_events(self.tool, events)
         _stack.watch_collections(True)
+        EXITS_REPORTED[0] = True
 
     def retire_fast(self) -> None:
         """The native snapshot paths stop answering (uninstall, or a shadow stack that can
@@ -393,6 +412,7 @@ class MonitoringBackend:
             return
         mon = sys.monitoring
         self.tool = None
+        EXITS_REPORTED[0] = False
         self.retire_fast()
         _stack.watch_collections(False)
         if mon.get_tool(tool) != TOOL_NAME:

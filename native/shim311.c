@@ -922,15 +922,47 @@ static __attribute__((noinline)) PyObject *eval_new_rec(PyThreadState *ts, _PyIn
     return eval_decided(ts, frame, throwflag, d);
 }
 
-/* The entry. Filtered code (the decision cached in co_extra) without a throw is the
- * hot case: it ends in a tail call of the default evaluator, and every other case in a
- * tail call of an out-of-line function, so that this path saves no register. */
-__attribute__((used, section(".text.ms_entry")))
-PyObject *ms_eval_frame(PyThreadState *ts, _PyInterpreterFrame *frame, int throwflag)
+/* Coroutine exits (monstack._backend.COROUTINE_EXIT): a coroutine frame's evaluation
+ * failed. When its caller (frame->previous, read before the evaluation: the frame is
+ * cleared by then) runs no generator, coroutine or async generator code -- nothing
+ * awaits it: the outermost coroutine of an asyncio task's step -- and the exception is
+ * an Exception, call the handler with (code, exception), the exception normalized (as
+ * whoever catches it normalizes it) and put back. The handler's failures are cleared. */
+static __attribute__((noinline, cold)) void coro_exit(PyThreadState *ts, PyCodeObject *code,
+                                                      _PyInterpreterFrame *caller)
 {
-    if (UNLIKELY(!DATA.enabled || ts->tracing || ts->interp != DATA.interp)) {
-        return DATA._PyEval_EvalFrameDefault(ts, frame, throwflag);
+    PyObject *handler = list_items(DATA.coro_exit)[0];
+    if (handler == DATA.py_none) {
+        return;
     }
+    if (caller != 0 && (caller->f_code->co_flags & (CO_GENERATOR | CO_COROUTINE | CO_ITERABLE_COROUTINE |
+                                                     CO_ASYNC_GENERATOR))) {
+        return; /* awaited by that frame */
+    }
+    PyObject *et = 0, *ev = 0, *etb = 0;
+    ts->tracing++;
+    DATA.PyErr_Fetch(&et, &ev, &etb);
+    if (et != 0 && DATA.PyErr_GivenExceptionMatches(et, DATA.exc_exception)) {
+        DATA.PyErr_NormalizeException(&et, &ev, &etb);
+        if (ev != 0) {
+            PyObject *res = DATA.PyObject_CallFunctionObjArgs(handler, (PyObject *)code, ev, (PyObject *)0);
+            if (res == 0) {
+                DATA.PyErr_Clear();
+                DATA.n_errors++;
+            }
+            else {
+                ms_decref(res);
+            }
+        }
+    }
+    DATA.PyErr_Restore(et, ev, etb);
+    ts->tracing--;
+}
+
+/* ms_eval_frame's dispatch, once the frame is known to be evaluated by the shim. */
+__attribute__((always_inline)) static inline PyObject *eval_dispatch(PyThreadState *ts, _PyInterpreterFrame *frame,
+                                                         int throwflag)
+{
     uintptr_t h = ((uintptr_t)ts * 0x9E3779B97F4A7C15ULL) >> (64 - MS_REC_BITS);
     struct ms_rec *r = &DATA.recs[h];
     if (UNLIKELY(r->ts != ts || r->id != ts->id || r->gen != DATA.gen)) {
@@ -945,6 +977,37 @@ PyObject *ms_eval_frame(PyThreadState *ts, _PyInterpreterFrame *frame, int throw
     }
     return eval_decided(ts, frame, throwflag, d);
 }
+
+/* A coroutine frame's evaluation, watched for its exit with an exception. */
+static __attribute__((noinline)) PyObject *coro_eval(PyThreadState *ts, _PyInterpreterFrame *frame, int throwflag)
+{
+    PyCodeObject *code = frame->f_code;
+    _PyInterpreterFrame *caller = frame->previous;
+    ms_incref((PyObject *)code);
+    PyObject *res = eval_dispatch(ts, frame, throwflag);
+    if (UNLIKELY(res == 0)) {
+        coro_exit(ts, code, caller);
+    }
+    ms_decref((PyObject *)code);
+    return res;
+}
+
+/* The entry. Filtered code (the decision cached in co_extra) without a throw is the
+ * hot case: it ends in a tail call of the default evaluator, and every other case in a
+ * tail call of an out-of-line function, so that this path saves no register.
+ * Coroutine frames, while a handler of their exits is set, go through coro_eval. */
+__attribute__((used, section(".text.ms_entry")))
+PyObject *ms_eval_frame(PyThreadState *ts, _PyInterpreterFrame *frame, int throwflag)
+{
+    if (UNLIKELY(!DATA.enabled || ts->tracing || ts->interp != DATA.interp)) {
+        return DATA._PyEval_EvalFrameDefault(ts, frame, throwflag);
+    }
+    if (UNLIKELY((frame->f_code->co_flags & CO_COROUTINE) && list_items(DATA.coro_exit)[0] != DATA.py_none)) {
+        return coro_eval(ts, frame, throwflag);
+    }
+    return eval_dispatch(ts, frame, throwflag);
+}
+
 
 /* ---- the native snapshot ------------------------------------------------------
  *

@@ -49,7 +49,9 @@ typedef PyObject *(*ms_evalfunc)(PyThreadState *, _PyInterpreterFrame *, int);
     X(int, pthread_attr_destroy, (void *))                                    \
     X(PyThreadState *, PyThreadState_Get, (void))                             \
     X(int, PyContextVar_Get, (PyObject *, PyObject *, PyObject **))           \
-    X(PyObject *, PyErr_Occurred, (void))
+    X(PyObject *, PyErr_Occurred, (void))                                     \
+    X(void, PyErr_NormalizeException, (PyObject **, PyObject **, PyObject **)) \
+    X(int, PyErr_GivenExceptionMatches, (PyObject *, PyObject *))
 
 /* Objects and settings the loader writes (name, C type). */
 #define MS_OBJ_FIELDS(X)                                                       \
@@ -58,6 +60,8 @@ typedef PyObject *(*ms_evalfunc)(PyThreadState *, _PyInterpreterFrame *, int);
     X(py_false, PyObject *)                                                    \
     X(exc_recursion, PyObject *)   /* PyExc_RecursionError */                  \
     X(exc_type_error, PyObject *)  /* PyExc_TypeError */                       \
+    X(exc_exception, PyObject *)   /* PyExc_Exception */                       \
+    X(coro_exit, PyObject *)       /* monstack._backend.COROUTINE_EXIT: [handler or None] */ \
     X(list_type, PyTypeObject *)                                               \
     X(tuple_type, PyTypeObject *)                                              \
     X(long_type, PyTypeObject *)                                               \
@@ -156,6 +160,7 @@ typedef struct {
     X(owner_generator, FRAME_OWNED_BY_GENERATOR)                               \
     X(frameobj_f_frame, offsetof(struct _frame, f_frame))                      \
     X(co_firsttraceable, offsetof(PyCodeObject, _co_firsttraceable))           \
+    X(co_flags, offsetof(PyCodeObject, co_flags))                              \
     X(co_extra, offsetof(PyCodeObject, co_extra))                              \
     X(co_code_adaptive, offsetof(PyCodeObject, co_code_adaptive))              \
     X(dict_version, offsetof(PyDictObject, ma_version_tag))                    \

@@ -106,7 +106,8 @@
 /* X(field, symbol): values of C-API pointer variables (*symbol). */
 #define MS_PTRS(X)                                                              \
     X(exc_attribute, PyExc_AttributeError)                                      \
-    X(exc_type, PyExc_TypeError)
+    X(exc_type, PyExc_TypeError)                                                \
+    X(exc_exception, PyExc_Exception)
 
 #define MS_MAGIC 0x6d6f6e73796d6f6eULL /* "monsymon" */
 
@@ -299,6 +300,7 @@ struct ms_state {
     PyObject *unknown;    /* monstack._stack.UNKNOWN (the int -1) */
     PyObject *s_cell;     /* "cell" */
     PyObject *s_dict;     /* "__dict__" */
+    PyObject *coro_exit;  /* monstack._backend.COROUTINE_EXIT: [handler or None] */
     /* snapshot_new's Snapshot class and origin ContextVar (strong; NULL until
      * snapshot_setup), and whether its instances may be untracked by the GC */
     PyObject *snap_cls;
@@ -420,6 +422,7 @@ static void ms_state_free(PyObject *capsule)
     ms_xdecref(st->unknown);
     ms_xdecref(st->s_cell);
     ms_xdecref(st->s_dict);
+    ms_xdecref(st->coro_exit);
     ms_xdecref(st->snap_cls);
     ms_xdecref(st->origin_var);
     ms_xdecref(st->slow);
@@ -512,6 +515,10 @@ static inline int ms_linked_suspended(_PyInterpreterFrame *f)
 }
 
 #define MS_CO_SUSPENDABLE (CO_GENERATOR | CO_COROUTINE | CO_ITERABLE_COROUTINE | CO_ASYNC_GENERATOR)
+
+/* An unwind that ms_coro_exit must see (the fast path leaves it to the full one). */
+#define MS_IS_CORO_UNWIND(args, nargs) \
+    ((nargs) >= 3 && IS_TYPE((args)[0], code_type) && (((PyCodeObject *)(args)[0])->co_flags & CO_COROUTINE))
 
 /* ---------------------------------------------------------------- errors */
 /* An internal error is pending: hand it to on_error, never let it escape. */
@@ -1027,6 +1034,9 @@ __attribute__((always_inline)) static inline PyObject *ms_leave_fast(struct ms_s
  * policy since the state was made (start() forgets the older ones). Nothing to pop. */
 __attribute__((always_inline)) static inline PyObject *ms_unwind_fast(struct ms_state *st, PyObject *const *args, Py_ssize_t nargs)
 {
+    if (UNLIKELY(MS_IS_CORO_UNWIND(args, nargs))) {
+        return NULL; /* ms_unwind_full: it holds the state while the handler runs */
+    }
     if (LIKELY(nargs >= 1 && IS_TYPE(args[0], code_type)) && ms_cached_decision(st, args[0]) == 0) {
         st->n_events++;
         st->n_unwind_filtered++;
@@ -1034,6 +1044,51 @@ __attribute__((always_inline)) static inline PyObject *ms_unwind_fast(struct ms_
     }
     return ms_leave_fast(st, args, nargs, 0);
 }
+
+/* PY_UNWIND of a coroutine frame (see Backend.reports_coroutine_exits): when an
+ * Exception leaves it and the frame below (C entry frames skipped, as frame.f_back skips
+ * them) runs no generator, coroutine or async generator code -- nothing awaits it: the
+ * outermost coroutine of an asyncio task's step -- call COROUTINE_EXIT[0](code, exc).
+ * Tracked or filtered code alike. Runs only when an exception leaves a coroutine; the
+ * handler (Python) makes the exact checks. Its failures are its own: cleared here. */
+__attribute__((noinline, cold)) static void ms_coro_exit(struct ms_state *st, PyObject *code, PyObject *exc)
+{
+    PyObject *handler = ((PyListObject *)st->coro_exit)->ob_item[0];
+    if (handler == NONE) {
+        return;
+    }
+    PyTypeObject *t = Py_TYPE(exc);
+    while (t != NULL && t != (PyTypeObject *)API.exc_exception) {
+        t = t->tp_base;
+    }
+    if (t == NULL) { /* CancelledError, KeyboardInterrupt...: not an Exception */
+        return;
+    }
+    _PyInterpreterFrame *f = ms_current_frame(API.PyThreadState_Get());
+    if (f == NULL || (PyObject *)ms_frame_code(f) != code) {
+        return;
+    }
+    f = f->previous;
+    while (f != NULL && MS_OWNED_BY_C(f)) {
+        f = f->previous;
+    }
+    PyCodeObject *below = f != NULL ? ms_frame_code(f) : NULL;
+    if (below != NULL && (below->co_flags & MS_CO_SUSPENDABLE)) {
+        return; /* awaited by that frame */
+    }
+    Py_INCREF(handler);
+    PyObject *args[2] = {code, exc};
+    PyObject *res = API.PyObject_Vectorcall(handler, args, 2, NULL);
+    ms_decref(handler);
+    if (res == NULL) {
+        API.PyErr_Clear();
+        st->n_errors++;
+    }
+    else {
+        ms_decref(res);
+    }
+}
+
 
 static inline int ms_check_args(PyObject *const *args, Py_ssize_t nargs)
 {
@@ -1163,6 +1218,16 @@ __attribute__((always_inline)) static inline PyObject *ms_leave(PyObject *self, 
     return NONE;
 }
 
+/* PY_UNWIND's full path: a coroutine's exit is reported first, then the frame leaves. */
+static inline PyObject *ms_unwind_full(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    struct ms_state *st = ms_state_of(self);
+    if (st != NULL && MS_IS_CORO_UNWIND(args, nargs)) {
+        ms_coro_exit(st, args[0], args[2]);
+    }
+    return ms_leave(self, args, nargs, 0, 0);
+}
+
 #define MS_HOLD_SELF(call)       \
     do {                         \
         Py_INCREF(self);         \
@@ -1183,7 +1248,7 @@ MS_FULL(ms_full_start, ms_enter(self, args, nargs, 1))
 MS_FULL(ms_full_throw, ms_enter(self, args, nargs, 0))
 MS_FULL(ms_full_return, ms_leave(self, args, nargs, 1, 0))
 MS_FULL(ms_full_yield, ms_leave(self, args, nargs, 1, 1))
-MS_FULL(ms_full_unwind, ms_leave(self, args, nargs, 0, 0))
+MS_FULL(ms_full_unwind, ms_unwind_full(self, args, nargs))
 
 /* The fast path `fast` (st: the state) when it applies, else the full path `full`. */
 #define MS_FAST_OR(fast, full)                              \
@@ -1764,17 +1829,18 @@ PyObject *ms_noop(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 
 /* ---------------------------------------------------------------- management */
 /* new_state(tls, by_file, decide, seed, resync, on_error, DISABLE, UNKNOWN, "cell",
- * "__dict__", extra_index, epoch) -> capsule. Called once per install, from Python (self unused). */
+ * "__dict__", coro_exit, extra_index, epoch) -> capsule. Called once per install, from
+ * Python (self unused). */
 __attribute__((used, noinline))
 PyObject *ms_new_state(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)self;
-    if (nargs != 12) {
-        API.PyErr_SetString((PyObject *)API.exc_type, "new_state() takes 12 arguments");
+    if (nargs != 13) {
+        API.PyErr_SetString((PyObject *)API.exc_type, "new_state() takes 13 arguments");
         return NULL;
     }
-    Py_ssize_t extra_index = API.PyLong_AsSsize_t(args[10]);
-    Py_ssize_t epoch = API.PyLong_AsSsize_t(args[11]);
+    Py_ssize_t extra_index = API.PyLong_AsSsize_t(args[11]);
+    Py_ssize_t epoch = API.PyLong_AsSsize_t(args[12]);
     if ((extra_index == -1 || epoch == -1) && API.PyErr_Occurred() != NULL) {
         return NULL;
     }
@@ -1786,14 +1852,19 @@ PyObject *ms_new_state(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         API.PyErr_SetString((PyObject *)API.exc_type, "new_state(): by_file must be a dict");
         return NULL;
     }
+    if (!IS_TYPE(args[10], list_type) || Py_SIZE(args[10]) != 1) {
+        API.PyErr_SetString((PyObject *)API.exc_type, "new_state(): coro_exit must be a 1-item list");
+        return NULL;
+    }
     struct ms_state *st = (struct ms_state *)API.PyMem_Calloc(1, sizeof(struct ms_state));
     if (st == NULL) {
         API.PyErr_SetString((PyObject *)API.exc_type, "new_state(): out of memory");
         return NULL;
     }
-    PyObject **fields[10] = {&st->tls, &st->by_file, &st->decide, &st->seed, &st->resync,
-                             &st->on_error, &st->disable, &st->unknown, &st->s_cell, &st->s_dict};
-    for (int i = 0; i < 10; i++) {
+    PyObject **fields[11] = {&st->tls, &st->by_file, &st->decide, &st->seed, &st->resync,
+                             &st->on_error, &st->disable, &st->unknown, &st->s_cell, &st->s_dict,
+                             &st->coro_exit};
+    for (int i = 0; i < 11; i++) {
         Py_INCREF(args[i]);
         *fields[i] = args[i];
     }
@@ -1803,7 +1874,7 @@ PyObject *ms_new_state(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     st->magic = MS_MAGIC;
     PyObject *cap = API.PyCapsule_New(st, STATE_NAME, ms_state_free);
     if (cap == NULL) {
-        for (int i = 0; i < 10; i++) {
+        for (int i = 0; i < 11; i++) {
             ms_decref(*fields[i]);
         }
         API.PyMem_Free(st);

@@ -5,9 +5,12 @@
 from __future__ import annotations
 
 import sys
+import types
+import weakref
 
 from . import ON, capture_snapshot, binder, patch, take
 from .. import _threads
+from .._backend import COROUTINE_EXIT, EXITS_REPORTED
 from .._origin import attach_if_absent, carry, has_origin
 from .._snapshot import CURRENT_ORIGIN
 from .futures import crosses_interpreters
@@ -24,10 +27,13 @@ def _make_create_task(original: Callable[..., Any]) -> Callable[..., Any]:
     call = binder(original)  # calls it as Python would: through __get__
     on, loops, note_loop, get_snap = ON, _LOOPS, _note_loop, capture_snapshot
     set_origin, reset_origin = CURRENT_ORIGIN.set, CURRENT_ORIGIN.reset
+    exits, coroutine_type = EXITS_REPORTED, types.CoroutineType
 
-    # The hot path of every task: no helper calls beyond the snapshot, the context
-    # variable's set/reset around the creation (the task copies the current context) and
-    # the done callback; everything else is bound here, once.
+    # The hot path of every task: no helper calls beyond the snapshot and the context
+    # variable's set/reset around the creation (the task copies the current context);
+    # everything else is bound here, once. Where the backend reports coroutine exits,
+    # a failed task's exception gets its origin from _task_exit (the failure path only);
+    # elsewhere, and for a task that runs no Python coroutine, from a done callback.
     def create_task(self: Any, coro: Any, *args: Any, **kwargs: Any) -> Any:
         if "asyncio_tasks" not in on:
             return call(self, coro, *args, **kwargs)
@@ -50,7 +56,7 @@ def _make_create_task(original: Callable[..., Any]) -> Callable[..., Any]:
                 # create_task: a done callback would only be scheduled, and the
                 # creator may await the task before it runs.
                 _task_done(snap, task)
-            else:
+            elif not exits[0] or type(coro) is not coroutine_type:
                 task.add_done_callback(_TaskDone(snap))
         except Exception:
             pass
@@ -74,7 +80,15 @@ def _create_task_in_context(call: Callable[..., Any], loop: Any, coro: Any, args
     task = call(loop, coro, *args, **kwargs)
     if snap is not None:
         _when_task_done(task, snap)
+        try:
+            _IN_CONTEXT.add(task)  # (its context may hold another origin: _task_exit skips it)
+        except Exception:
+            pass
     return task
+
+
+#: Tasks created with an explicit ``context=``: their done callback attaches the origin.
+_IN_CONTEXT: weakref.WeakSet = weakref.WeakSet()
 
 
 def _when_task_done(task: Any, snap: Any) -> None:
@@ -112,10 +126,49 @@ class _TaskDone:
 _TaskDone.__module__ = "monstack._points"
 
 
+def _task_exit(code: Any, exc: BaseException) -> None:
+    """``COROUTINE_EXIT``'s handler: an exception leaves a coroutine frame that nothing
+    awaits. When that frame is the current task's own coroutine, the task is failing with
+    ``exc``: attach the origin its creation set in the task's context (the current one),
+    before anything awaiting the task sees the exception and before "Task exception was
+    never retrieved" can be logged -- what ``_task_done`` does from a done callback, with
+    no callback per task. ``StopIteration`` becomes the task's ``RuntimeError`` after this
+    frame (PEP 479): that one still gets a done callback. Never raises."""
+    try:
+        try:
+            task = _current_task[0]()
+        except RuntimeError:  # no running loop: a coroutine driven by hand
+            return
+        if task is None or task.get_coro().cr_code is not code or task in _IN_CONTEXT:
+            return
+        snap = _get_origin(None)
+        if snap is None:
+            return
+        if isinstance(exc, StopIteration):
+            task.add_done_callback(_TaskDone(snap))
+        else:
+            attach_if_absent(exc, snap)
+    except Exception:
+        pass
+
+
+_get_origin = CURRENT_ORIGIN.get
+#: asyncio.current_task, bound when the point is applied
+_current_task: list = [None]
+
+
 def apply_tasks() -> None:
     import asyncio.base_events
+    import asyncio.tasks
 
+    _current_task[0] = asyncio.tasks.current_task
     patch(asyncio.base_events.BaseEventLoop, "create_task", _make_create_task)
+    COROUTINE_EXIT[0] = _task_exit
+
+
+def stop() -> None:
+    """Propagation stops: coroutine exits are no longer looked at."""
+    COROUTINE_EXIT[0] = None
 
 
 def _task_done(snap: Any, task: Any) -> None:
