@@ -11,7 +11,8 @@ MODE: ``off``, ``default``, ``filtered`` (the workload and ``__main__`` excluded
 tracked frame), ``floor`` (propagate=False plus a task factory / submit wrapper that only
 takes monstack.snapshot() and stores it), ``floorctx`` (asyncio: the same, copying a
 context too), ``nopropagate``. ``MODE@DIR`` runs the monstack found in DIR (a checkout to
-compare with: ``default@/tmp/old``); otherwise the one of this checkout. ``ACC=0``/``1``:
+compare with: ``default@/tmp/old``); otherwise the one of this checkout (children run with
+``-P``: the current directory never shadows it). ``ACC=0``/``1``:
 ``accelerator=``. Example::
 
     python3.12 bench/hop_wallclock.py asyncio 7 off default filtered floor
@@ -113,7 +114,7 @@ def main():
         for m in order:
             mode, _, tree = m.partition("@")
             env = dict(os.environ, PYTHONPATH=tree or ROOT)
-            out = subprocess.run([py, "-c", CHILD, wl, mode, str(n)], capture_output=True, text=True, env=env)
+            out = subprocess.run([py, "-P", "-c", CHILD, wl, mode, str(n)], capture_output=True, text=True, env=env)
             if out.returncode:
                 print(out.stderr); sys.exit(1)
             res[m].append(float(out.stdout.strip().splitlines()[-1]))
