@@ -176,7 +176,7 @@ class NativeCarrier(WithOrigin):
 #: The table slot's descriptor, taken off the class (C reads the slot at the end of the
 #: instance: tp_basicsize - one pointer); the loader and the tests use it.
 _TABLE_SLOT: Any = NativeCarrier.__dict__["_native_table"]
-del NativeCarrier._native_table
+delattr(NativeCarrier, "_native_table")
 
 
 def sent_bytes(holder: Any) -> bytes:
@@ -339,9 +339,9 @@ def _set_up_native(blob: Any) -> Callable[..., Any]:
     # where each slot is: set it to a marker and find the marker's address in the instance
     probe = object.__new__(cls)
     markers = {name: object() for name in ("off_wrapped", "off_snap", "off_sent")}
-    WithOrigin.__wrapped__.__set__(probe, markers["off_wrapped"])  # type: ignore[attr-defined]
-    WithOrigin._snap.__set__(probe, markers["off_snap"])  # type: ignore[attr-defined]
-    WithOrigin._sent.__set__(probe, markers["off_sent"])  # type: ignore[attr-defined]
+    slots: Any = vars(WithOrigin)
+    for name, slot in (("off_wrapped", "__wrapped__"), ("off_snap", "_snap"), ("off_sent", "_sent")):
+        slots[slot].__set__(probe, markers[name])
     table_marker = object()
     _TABLE_SLOT.__set__(probe, table_marker)
     words = [C.c_void_p.from_address(id(probe) + i).value for i in range(0, cls.__basicsize__, ptr)]
