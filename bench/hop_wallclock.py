@@ -12,8 +12,9 @@ tracked frame), ``floor`` (propagate=False plus a task factory / submit wrapper 
 takes monstack.snapshot() and stores it), ``floorctx`` (asyncio: the same, copying a
 context too), ``nopropagate``. ``MODE@DIR`` runs the monstack found in DIR (a checkout to
 compare with: ``default@/tmp/old``); otherwise the one of this checkout (children run with
-``-P``: the current directory never shadows it). ``ACC=0``/``1``:
-``accelerator=``. Example::
+``-P``: the current directory never shadows it). ``ACC=0``/``1``: ``accelerator=``.
+``CPU=1``: the process's CPU time (every thread's) instead of the wall clock: what the hops
+cost, less what waiting on a loaded box adds. Example::
 
     python3.12 bench/hop_wallclock.py asyncio 7 off default filtered floor
 """
@@ -89,6 +90,7 @@ if mode != "off":
     elif mode == "nopropagate":
         monstack.install(propagate=False, **kw)
 ex = ThreadPoolExecutor(4) if wl == "pool" else None
+clock = time.process_time if os.environ.get("CPU") == "1" else time.perf_counter
 def run():
     if wl == "asyncio":
         mod.arun(n)
@@ -97,7 +99,7 @@ def run():
 run(); run()
 best = []
 for _ in range(5):
-    t = time.perf_counter(); run(); best.append(time.perf_counter() - t)
+    t = clock(); run(); best.append(clock() - t)
 print(json.dumps(min(best)))
 '''
 
@@ -119,7 +121,7 @@ def main():
                 print(out.stderr); sys.exit(1)
             res[m].append(float(out.stdout.strip().splitlines()[-1]))
     base = res["off"]
-    print(f"{sys.version.split()[0]} {wl} n={n} rounds={rounds} ACC={os.environ.get('ACC','auto')}")
+    print(f"{sys.version.split()[0]} {wl} n={n} rounds={rounds} ACC={os.environ.get('ACC','auto')}" + (" (CPU time)" if os.environ.get("CPU") == "1" else ""))
     for m in modes:
         ratios = [a / b for a, b in zip(res[m], base)]
         us = statistics.median(res[m]) / n * 1e6

@@ -670,3 +670,9 @@ def counters(callback: Any) -> Dict[str, int]:
 def is_native(callback: Any) -> bool:
     owner = type(getattr(callback, "__self__", None))
     return type(callback).__name__ == "builtin_function_or_method" and owner.__name__ == "PyCapsule"
+
+
+def loaded_blob() -> Optional[_native.Blob]:
+    """The loaded and verified blob of the native callbacks, or None (before
+    ``unavailable()`` said they can run)."""
+    return _blob if _why == "" else None

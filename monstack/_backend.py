@@ -84,6 +84,9 @@ class Backend(Protocol):
     snapshot_native: Optional[Callable[[], Optional["Snapshot"]]]
     #: ... and ``snapshotter()``'s function (the Snapshot of its own caller).
     capture_native: Optional[Callable[[], "Snapshot"]]
+    #: The verified blob (``_native.Blob``) of the native code this install runs, or None:
+    #: the native origin carrier (``_origin.native_carrier``) is taken from it.
+    native_blob: Optional[Any]
 
     @staticmethod
     def unavailable() -> Optional[str]:

@@ -571,6 +571,8 @@ class EvalFrameBackend:
         #: ``snapshot()``), or None; ``snapshotter()``'s function (``ms_capture``), or None.
         self.snapshot_native: Optional[Callable[[], Any]] = None
         self.capture_native: Optional[Callable[[], Any]] = None
+        #: The shim's blob while it runs (the origin carrier comes from it).
+        self.native_blob: Any = None
         #: This install's token while its native snapshot paths are live: a 1-tuple
         #: holding ``monstack.snapshot`` (the self of both functions; the shim answers
         #: only while ``DATA.snap_live`` is this object, else they fall back).
@@ -612,6 +614,7 @@ class EvalFrameBackend:
             raise RuntimeError("backend 'evalframe': the interpreter did not take the shim (layout mismatch)")
         self._nat = nat
         self._eval_view = view
+        self.native_blob = nat.blob
         self._start_snapshots(nat)
         _stack.watch_collections(True)
         global _running

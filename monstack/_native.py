@@ -64,6 +64,7 @@ METH_VARARGS = 0x0001
 METH_NOARGS = 0x0004
 METH_O = 0x0008
 METH_FASTCALL = 0x0080
+METH_KEYWORDS = 0x0002
 
 #: Linux's mmap/mprotect constants (the same on x86-64 and aarch64; a test checks them
 #: against the ``mmap`` module, which is not imported for these alone).
@@ -374,6 +375,18 @@ def make_function(address: int, name: str, flags: int, self_obj: Any, doc: Optio
         _PyCFunction_NewEx = api_function(
             "PyCFunction_NewEx", C.py_object, C.c_void_p, C.c_void_p, C.c_void_p
         )
+    return _PyCFunction_NewEx(_method_def(address, name, flags, doc), id(self_obj), None)
+
+
+def make_method(cls: type, address: int, name: str, flags: int, doc: Optional[str] = None) -> Any:
+    """A method descriptor of class ``cls`` for the C function at ``address``, as a C
+    type's ``tp_methods`` entry makes it (``PyDescr_NewMethod``; its def lives forever)."""
+    new = api_function("PyDescr_NewMethod", C.py_object, C.py_object, C.c_void_p)
+    return new(cls, _method_def(address, name, flags, doc))
+
+
+def _method_def(address: int, name: str, flags: int, doc: Optional[str]) -> int:
+    """The address of a new ``PyMethodDef`` for ``address``, kept for the process."""
     # The def and its NUL-terminated strings are bytes objects made with their final
     # content and kept forever (CPython only reads a PyMethodDef): no ctypes array or
     # char-pointer type to create (~0.4M instructions of start-up).
@@ -389,7 +402,7 @@ def make_function(address: int, name: str, flags: int, self_obj: Any, doc: Optio
     mdef = bytes(fields)
     at = buffer_address(mdef)
     _FOREVER.append((at, mdef, ml_name, ml_doc))
-    return _PyCFunction_NewEx(at, id(self_obj), None)
+    return at
 
 
 def cached_function(blob: Blob, symbol: str, name: str, flags: int = METH_FASTCALL, self_obj: Any = None) -> Callable:

@@ -156,6 +156,29 @@ class WithOrigin:
         return (carrier_from_bytes, (self.__wrapped__, sent_bytes(self)))
 
 
+class NativeCarrier(WithOrigin):
+    # A WithOrigin whose __call__ is native code (native/carrier.h: the same steps, in C,
+    # so no Python frame and no traceback entry of its own), made only by the function
+    # native_carrier() returns, for a pool's plain-function jobs. It answers everything
+    # else as WithOrigin does (repr, __wrapped__, attributes, pickling: a WithOrigin
+    # arrives). Its one more slot, the native table, is not visible from Python.
+    __slots__ = ("_native_table",)
+    __module__ = WithOrigin.__dict__["__module__"]  # (a class body sets its own)
+    __doc__ = WithOrigin.__dict__["__doc__"]  # type: ignore[assignment]
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError("monstack: a native carrier is made by the native code only (use monstack.wrap)")
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        raise TypeError("monstack: a native carrier cannot be subclassed")
+
+
+#: The table slot's descriptor, taken off the class (C reads the slot at the end of the
+#: instance: tp_basicsize - one pointer); the loader and the tests use it.
+_TABLE_SLOT: Any = NativeCarrier.__dict__["_native_table"]
+delattr(NativeCarrier, "_native_table")
+
+
 def sent_bytes(holder: Any) -> bytes:
     """The pickled snapshot of a wrapper, made once per wrapper."""
     sent = holder._sent
@@ -238,7 +261,7 @@ def carry(fn: Any, snap: Snapshot) -> Any:
     functools = sys.modules.get("functools")
     if functools is not None and type(fn) is functools.partial and fn.args and _is_context_run(fn.func):
         inner = fn.args[0]
-        if opaque(inner) or type(inner) is WithOrigin:
+        if opaque(inner) or type(inner) in CARRIER_TYPES:
             return fn
         return functools.partial(fn.func, WithOrigin(inner, snap), *fn.args[1:], **fn.keywords)
     if opaque(fn):
@@ -248,11 +271,118 @@ def carry(fn: Any, snap: Snapshot) -> Any:
 
 def has_origin(fn: Any) -> bool:
     """Already carries an origin (a wrapper, or a ``partial(ctx.run, wrapper, ...)``)."""
-    if type(fn) is WithOrigin:
+    if type(fn) in CARRIER_TYPES:
         return True
     functools = sys.modules.get("functools")
     return (functools is not None and type(fn) is functools.partial and bool(fn.args)
-            and type(fn.args[0]) is WithOrigin)
+            and type(fn.args[0]) in CARRIER_TYPES)
+
+
+#: The classes of the carriers the points make.
+CARRIER_TYPES = frozenset((WithOrigin, NativeCarrier))
+
+
+# -- the native carrier ----------------------------------------------------------------------
+
+#: [carrier_new] once the native carrier is set up for this process, [None] if refused.
+_NATIVE: list = []
+#: Why the native carrier was refused ("" when it is set up; None before any attempt).
+native_carrier_why: Optional[str] = None
+
+
+def native_carrier(blob: Any) -> Optional[Callable[[Callable[..., Any], Snapshot], WithOrigin]]:
+    """``carrier_new(fn, snap)``, which makes a :class:`NativeCarrier` (a carrier whose
+    ``__call__`` is native code), from ``blob`` (the verified blob of the running native
+    backend, ``native/carrier.h``); None where ``blob`` is None or the carrier cannot be
+    set up. Set up once per process (the first blob's code serves every later install:
+    mappings are never unmapped); never raises."""
+    global native_carrier_why
+    if blob is None:
+        return None
+    if _NATIVE:
+        return _NATIVE[0]  # type: ignore[no-any-return]
+    with _NATIVE_LOCK:
+        if not _NATIVE:
+            try:
+                new: Any = _set_up_native(blob)
+                native_carrier_why = ""
+            except Exception as exc:
+                new = None
+                native_carrier_why = f"{type(exc).__name__}: {exc}"
+            _NATIVE.append(new)
+    return _NATIVE[0]  # type: ignore[no-any-return]
+
+
+_NATIVE_LOCK = _thread.allocate_lock()
+_CARRIER_MAGIC = 0x6D6F6E6361727279  # "moncarry"
+
+
+def _set_up_native(blob: Any) -> Callable[..., Any]:
+    """Fill the native carrier's table (``struct mc_ctx``) by the names the blob lists,
+    check the layouts it was compiled with, make ``NativeCarrier.__call__`` the native
+    method and return ``carrier_new``."""
+    from . import _cdata as C
+    from . import _native
+
+    ptr = C.sizeof(C.c_void_p)
+    at = blob.addr("ms_carrier_layout")
+    magic, size, bytes_data, off_basicsize, off_alloc = (C.c_int64.from_address(at + 8 * i).value for i in range(5))
+    names = blob.cstrings("ms_carrier_names")
+    if magic != _CARRIER_MAGIC or size != ptr * (1 + len(names)):
+        raise RuntimeError("the blob's carrier table is not the one this module fills")
+    if bytes_data != _native._BYTES_DATA:
+        raise RuntimeError("bytes objects are not laid out as the native carrier expects")
+    cls = NativeCarrier
+    if (C.c_ssize_t.from_address(id(cls) + off_basicsize).value != cls.__basicsize__
+            or C.c_void_p.from_address(id(cls) + off_alloc).value != _native.resolve("f:PyType_GenericAlloc")):
+        raise RuntimeError("type objects are not laid out as the native carrier expects")
+    # where each slot is: set it to a marker and find the marker's address in the instance
+    probe = object.__new__(cls)
+    markers = {name: object() for name in ("off_wrapped", "off_snap", "off_sent")}
+    slots: Any = vars(WithOrigin)
+    for name, slot in (("off_wrapped", "__wrapped__"), ("off_snap", "_snap"), ("off_sent", "_sent")):
+        slots[slot].__set__(probe, markers[name])
+    table_marker = object()
+    _TABLE_SLOT.__set__(probe, table_marker)
+    words = [C.c_void_p.from_address(id(probe) + i).value for i in range(0, cls.__basicsize__, ptr)]
+    offsets = {name: words.index(id(m)) * ptr for name, m in markers.items() if words.count(id(m)) == 1}
+    if len(offsets) != 3 or words[-1] != id(table_marker):
+        raise RuntimeError("carrier instances are not laid out as the native carrier expects")
+    del probe
+    objects = {"var": CURRENT_ORIGIN, "running": RUNNING, "attach": attach_if_absent, "exception": Exception,
+               "none": None, "type_error": TypeError, "attribute_error": AttributeError, "cls": cls}
+    order = sys.byteorder
+    fields = bytearray(size)
+    fields[0:8] = _CARRIER_MAGIC.to_bytes(8, order)
+    for i, name in enumerate(names, 1):
+        kind, _, key = name.partition(":")
+        if kind == "f":
+            value = _native.resolve(name)
+        elif kind == "o" and key in objects:
+            value = id(objects[key])
+        elif kind == "i" and key in offsets:
+            value = offsets[key]
+        else:
+            value = 0
+        if not value and kind != "i":
+            raise RuntimeError(f"no value for the native carrier's {name}")
+        fields[i * ptr:(i + 1) * ptr] = value.to_bytes(ptr, order)
+    table = bytes(fields)
+    _native.buffer_address(table)  # (checks the bytes layout once)
+    _native._FOREVER.append((table, objects))
+    call = _native.make_method(cls, blob.addr("ms_carrier_call"), "__call__",
+                               _native.METH_FASTCALL | _native.METH_KEYWORDS)
+    new = _native.make_function(blob.addr("ms_carrier_new"), "carrier_new", _native.METH_FASTCALL, table)
+    # the whole path once, before any job takes it
+    ran = new(_probe_job, Snapshot._new(None, 0, None))
+    type.__setattr__(cls, "__call__", call)
+    if type(ran) is not cls or ran(1, k=2) != (1, 2) or ran.__wrapped__ is not _probe_job:
+        raise RuntimeError("the native carrier did not run as expected")
+    return new  # type: ignore[no-any-return]
+
+
+def _probe_job(a: Any, k: Any = None) -> tuple:
+    return (a, k)
 
 
 def _is_context_run(func: Any) -> bool:

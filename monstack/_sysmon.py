@@ -328,6 +328,8 @@ class MonitoringBackend:
         self.snapshot_native: Optional[Callable[[], Any]] = None
         #: ``monstack.snapshotter()``'s native function (``_accel.capture_function``), or None.
         self.capture_native: Optional[Callable[[], Any]] = None
+        #: The native callbacks' blob while they run (the origin carrier comes from it).
+        self.native_blob: Any = None
         self._native_cb: Any = None
 
     def _choose_callbacks(self) -> bool:
@@ -383,6 +385,7 @@ class MonitoringBackend:
             if self.snapshot_native is not None:
                 self.capture_native = _accel.capture_function(cb)
                 self._native_cb = cb
+            self.native_blob = _accel.loaded_blob()
         else:
             callbacks = _callbacks(self.policy, _stack.TLS, self.on_error)
         self.native = native

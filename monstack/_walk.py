@@ -24,6 +24,7 @@ class WalkBackend:
     tracking = False
     snapshot_native: "Optional[Callable[[], Optional[Snapshot]]]" = None
     capture_native: "Optional[Callable[[], Snapshot]]" = None
+    native_blob: Any = None
 
     @staticmethod
     def unavailable() -> Optional[str]:

@@ -97,13 +97,13 @@ class Target:
 #: was available (not shipped); evalframe311 is built and checked but has not run on
 #: aarch64 (the loader verifies every offset first). ``--arch aarch64`` builds the others too.
 TARGETS = (
-    Target("sysmon312", "sysmon", "3.12", ("sysmon.c", "compat.h"), ("x86_64",), ("Python.h",)),
-    Target("sysmon313", "sysmon", "3.13", ("sysmon.c", "compat.h"), ("x86_64", "aarch64"), ("Python.h",)),
-    Target("sysmon314", "sysmon", "3.14", ("sysmon.c", "compat.h"), ("x86_64", "aarch64"),
+    Target("sysmon312", "sysmon", "3.12", ("sysmon.c", "compat.h", "carrier.h"), ("x86_64",), ("Python.h",)),
+    Target("sysmon313", "sysmon", "3.13", ("sysmon.c", "compat.h", "carrier.h"), ("x86_64", "aarch64"), ("Python.h",)),
+    Target("sysmon314", "sysmon", "3.14", ("sysmon.c", "compat.h", "carrier.h"), ("x86_64", "aarch64"),
            ("Python.h", os.path.join("internal", "pycore_interpframe_structs.h"))),
-    Target("sysmon315", "sysmon", "3.15", ("sysmon.c", "compat.h"), ("x86_64", "aarch64"),
+    Target("sysmon315", "sysmon", "3.15", ("sysmon.c", "compat.h", "carrier.h"), ("x86_64", "aarch64"),
            ("Python.h", os.path.join("internal", "pycore_interpframe_structs.h"))),
-    Target("evalframe311", "evalframe", "3.11", ("shim311.c", "shim311.h", "offsets.c"), ("x86_64", "aarch64"),
+    Target("evalframe311", "evalframe", "3.11", ("shim311.c", "shim311.h", "offsets.c", "carrier.h"), ("x86_64", "aarch64"),
            ("Python.h", os.path.join("internal", "pycore_frame.h"))),
 )
 ARCHES = ("x86_64", "aarch64")

@@ -1263,3 +1263,6 @@ PyObject *ms_capture(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     ms_decref(slow);
     return res;
 }
+
+/* The origin carrier (after ms_decref). */
+#include "carrier.h"

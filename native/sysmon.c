@@ -1962,4 +1962,7 @@ PyObject *ms_probe(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     return out;
 }
 
+/* ---------------------------------------------------------------- the origin carrier */
+#include "carrier.h" /* (after ms_decref) */
+
 #pragma GCC visibility pop

@@ -7,7 +7,8 @@ import sys
 
 from . import ON, capture_snapshot, binder, patch, take
 
-from .._origin import CO_KINDS, FUNCTION_TYPE, WithOrigin, attach_if_absent, carry, has_origin
+from .. import _capture
+from .._origin import CO_KINDS, FUNCTION_TYPE, WithOrigin, attach_if_absent, carry, has_origin, native_carrier
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -17,7 +18,7 @@ if TYPE_CHECKING:
 def _make_submit(point: str) -> Callable[[Any], Any]:
     def make(original: Callable[..., Any]) -> Callable[..., Any]:
         call = binder(original)  # calls it as Python would: through __get__
-        on, get_snap = ON, capture_snapshot
+        on, fast = ON, _fast
         fast_class = _FAST_CLASSES.get(point)
 
         def submit(self: Any, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
@@ -29,10 +30,13 @@ def _make_submit(point: str) -> Callable[[Any], Any]:
                 # pool) gets what carry() would give it, without the general checks.
                 attrs = fn.__dict__
                 if not attrs or (attrs.get("_is_coroutine_marker") is None and attrs.get("_is_coroutine") is None):
+                    capture, new = fast
                     try:
-                        snap = get_snap()
+                        snap = capture()
                     except Exception:
                         return call(self, fn, *args, **kwargs)
+                    if new is not None:  # the native carrier: its __call__ is C
+                        return call(self, new(fn, snap), *args, **kwargs)
                     carried = _new_with_origin(WithOrigin)
                     carried.__wrapped__ = fn
                     carried._snap = snap
@@ -66,6 +70,12 @@ def _make_submit(point: str) -> Callable[[Any], Any]:
 #: point is applied; a process pool's jobs always take the general one).
 _FAST_CLASSES: dict = {}
 _new_with_origin = object.__new__
+#: The short path's [capture, carrier constructor], set when the thread pool point is
+#: applied, from the install's native code: its ``snapshotter()`` function (a snapshot
+#: of its caller, as ``snapshot()`` takes it, with no Python frame) and the native
+#: carrier's constructor (``_origin.native_carrier``); ``snapshot`` and None without
+#: native code (pure-Python callbacks, the walk backend).
+_fast: list = [capture_snapshot, None]
 
 
 def crosses_interpreters(executor: Any) -> bool:
@@ -120,6 +130,9 @@ def apply_thread_pool() -> None:
     import concurrent.futures.thread as cf_thread
 
     _FAST_CLASSES["thread_pool"] = cf_thread.ThreadPoolExecutor
+    backend = getattr(_capture.running(), "backend", None)
+    new = native_carrier(getattr(backend, "native_blob", None))
+    _fast[:] = [getattr(backend, "capture_native", None) or capture_snapshot, new]
     patch(cf_thread.ThreadPoolExecutor, "submit", _make_submit("thread_pool"))
 
 

@@ -195,6 +195,7 @@ def test_reasons_follow_unavailable(only):
 
 CLASS_ATTRS = ("name", "tracking")
 INSTANCE_ATTRS = ("snapshot_native", "capture_native")
+DATA_ATTRS = ("native_blob",)
 METHODS = ("start", "stop", "capture", "retire_fast", "describe")
 
 
@@ -202,7 +203,7 @@ def test_the_contract_is_what_these_tests_check():
     """The members of ``_backend.Backend`` are the ones checked below (a new one fails here)."""
     declared = set(_backend.Backend.__annotations__)
     declared |= {k for k, v in vars(_backend.Backend).items() if not k.startswith("_") and (callable(v) or isinstance(v, staticmethod))}
-    assert declared == set(CLASS_ATTRS + INSTANCE_ATTRS + METHODS) | {"unavailable"}
+    assert declared == set(CLASS_ATTRS + INSTANCE_ATTRS + DATA_ATTRS + METHODS) | {"unavailable"}
     assert list(inspect.signature(_backend.Backend.__init__).parameters) == ["self", "policy", "host", "accelerator"]
 
 
@@ -222,6 +223,7 @@ def test_every_backend_satisfies_the_backend_protocol(name):
     for attr in INSTANCE_ATTRS:
         value = getattr(backend, attr)
         assert value is None or callable(value)
+    assert backend.native_blob is None  # (set by start(), where native code runs)
     for method in METHODS:
         assert callable(getattr(backend, method)), method
     inspect.signature(backend.capture).bind(None)  # capture(frame)

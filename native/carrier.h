@@ -1,0 +1,215 @@
+/* The native origin carrier: what WithOrigin.__call__ (monstack/_origin.py) does, in C.
+ *
+ * Included at the end of sysmon.c (3.12-3.15) and shim311.c (3.11), which define
+ * ms_decref (the refcount drop that may free: their own table's _Py_Dealloc) before it.
+ * Everything else it uses comes through its own table, `struct mc_ctx`, which the loader
+ * (monstack/_origin.py, native_carrier) lays out by the names in ms_carrier_names and
+ * keeps in a bytes object for the life of the process: the C-API functions (resolved by
+ * name, as the blobs' tables are) and the objects the Python carrier uses (the
+ * CURRENT_ORIGIN ContextVar, the RUNNING dict, attach_if_absent...).
+ *
+ * A carrier is an instance of monstack._origin.NativeCarrier, a subclass of WithOrigin
+ * that adds one slot, invisible to Python, holding that bytes object: its last slot,
+ * at tp_basicsize - sizeof(PyObject *). Its `__call__` is a method descriptor for
+ * ms_carrier_call (METH_FASTCALL | METH_KEYWORDS); ms_carrier_new makes instances.
+ *
+ * ms_carrier_call runs `fn(*args, **kwargs)` with the snapshot as the current origin
+ * (ContextVar set/reset) and as RUNNING[thread ident] (restored after: popped when there
+ * was none), and on an Exception calls attach_if_absent(exc, snap) before it propagates.
+ * Being C, it adds no traceback entry (the Python carrier removes its own).
+ */
+
+/* X(return type, symbol, parameters): C-API functions the loader fills in. */
+#define MC_FUNCS(X)                                                             \
+    X(PyObject *, PyContextVar_Set, (PyObject *, PyObject *))                   \
+    X(int, PyContextVar_Reset, (PyObject *, PyObject *))                        \
+    X(unsigned long, PyThread_get_thread_ident, (void))                         \
+    X(PyObject *, PyLong_FromUnsignedLong, (unsigned long))                     \
+    X(PyObject *, PyDict_GetItemWithError, (PyObject *, PyObject *))            \
+    X(int, PyDict_SetItem, (PyObject *, PyObject *, PyObject *))                \
+    X(int, PyDict_DelItem, (PyObject *, PyObject *))                            \
+    X(PyObject *, PyObject_Vectorcall, (PyObject *, PyObject *const *, size_t, PyObject *)) \
+    X(void, PyErr_Fetch, (PyObject **, PyObject **, PyObject **))               \
+    X(void, PyErr_NormalizeException, (PyObject **, PyObject **, PyObject **))  \
+    X(void, PyErr_Restore, (PyObject *, PyObject *, PyObject *))                \
+    X(int, PyErr_GivenExceptionMatches, (PyObject *, PyObject *))               \
+    X(void, PyErr_Clear, (void))                                                \
+    X(void, PyErr_SetString, (PyObject *, const char *))
+
+/* X(field): objects the loader stores (the loader keeps them alive). */
+#define MC_OBJS(X)                                                              \
+    X(var)             /* monstack._snapshot.CURRENT_ORIGIN */                  \
+    X(running)         /* monstack._snapshot.RUNNING */                         \
+    X(attach)          /* monstack._origin.attach_if_absent */                  \
+    X(exception)       /* Exception */                                          \
+    X(none)            /* None */                                               \
+    X(type_error)      /* TypeError */                                          \
+    X(attribute_error) /* AttributeError */                                     \
+    X(cls)             /* monstack._origin.NativeCarrier */
+
+/* X(field): instance layout, as byte offsets from the object's start (from the loader). */
+#define MC_OFFS(X) X(off_wrapped) X(off_snap) X(off_sent)
+
+#define MC_MAGIC 0x6d6f6e6361727279ULL /* "moncarry" */
+
+struct mc_ctx {
+    uint64_t magic;
+#define MC_DECL_F(ret, name, params) ret (*name) params;
+    MC_FUNCS(MC_DECL_F)
+#undef MC_DECL_F
+#define MC_DECL_O(field) PyObject *field;
+    MC_OBJS(MC_DECL_O)
+#undef MC_DECL_O
+#define MC_DECL_I(field) Py_ssize_t field;
+    MC_OFFS(MC_DECL_I)
+#undef MC_DECL_I
+};
+
+/* The fields of struct mc_ctx after the magic, in order ("f:" functions, "o:" objects,
+ * "i:" offsets): the loader writes each by name, one pointer-sized word each. */
+#define MC_NAME_F(ret, name, params) "f:" #name "\0"
+#define MC_NAME_O(field) "o:" #field "\0"
+#define MC_NAME_I(field) "i:" #field "\0"
+__attribute__((used))
+const char ms_carrier_names[] = MC_FUNCS(MC_NAME_F) MC_OBJS(MC_NAME_O) MC_OFFS(MC_NAME_I);
+#undef MC_NAME_F
+#undef MC_NAME_O
+#undef MC_NAME_I
+
+/* Facts the loader checks: the magic, sizeof(struct mc_ctx), where a bytes object's data
+ * starts, where PyTypeObject's tp_basicsize and tp_alloc are. */
+__attribute__((used))
+const int64_t ms_carrier_layout[] = {
+    (int64_t)MC_MAGIC, (int64_t)sizeof(struct mc_ctx), (int64_t)offsetof(PyBytesObject, ob_sval),
+    (int64_t)offsetof(PyTypeObject, tp_basicsize), (int64_t)offsetof(PyTypeObject, tp_alloc),
+};
+
+#define MC_SLOT(op, off) (*(PyObject **)((char *)(op) + (off)))
+
+static inline struct mc_ctx *mc_ctx_of(PyObject *holder)
+{
+    return (struct mc_ctx *)((PyBytesObject *)holder)->ob_sval;
+}
+
+/* The bytes object holding the table: the carrier's last slot (NULL in an instance not
+ * made by ms_carrier_new, e.g. object.__new__(NativeCarrier)). */
+static inline PyObject *mc_holder(PyObject *self)
+{
+    return MC_SLOT(self, Py_TYPE(self)->tp_basicsize - (Py_ssize_t)sizeof(PyObject *));
+}
+
+/* ms_carrier_new(fn, snap): a new carrier (self: the bytes object holding the table). */
+PyObject *ms_carrier_new(PyObject *holder, PyObject *const *args, Py_ssize_t nargs)
+{
+    struct mc_ctx *c = mc_ctx_of(holder);
+    if (nargs != 2) {
+        c->PyErr_SetString(c->type_error, "carrier_new(fn, snap) takes 2 arguments");
+        return NULL;
+    }
+    PyTypeObject *cls = (PyTypeObject *)c->cls;
+    PyObject *self = cls->tp_alloc(cls, 0);
+    if (self == NULL) {
+        return NULL;
+    }
+    Py_INCREF(args[0]);
+    MC_SLOT(self, c->off_wrapped) = args[0];
+    Py_INCREF(args[1]);
+    MC_SLOT(self, c->off_snap) = args[1];
+    Py_INCREF(c->none);
+    MC_SLOT(self, c->off_sent) = c->none;
+    Py_INCREF(holder);
+    MC_SLOT(self, cls->tp_basicsize - (Py_ssize_t)sizeof(PyObject *)) = holder;
+    return self;
+}
+
+/* NativeCarrier.__call__(self, *args, **kwargs). */
+PyObject *ms_carrier_call(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    PyObject *holder = mc_holder(self);
+    if (holder == NULL) {
+        return NULL; /* no table to raise with: CPython reports a SystemError */
+    }
+    struct mc_ctx *c = mc_ctx_of(holder);
+    PyObject *fn = MC_SLOT(self, c->off_wrapped);
+    PyObject *snap = MC_SLOT(self, c->off_snap);
+    if (fn == NULL || snap == NULL) {
+        c->PyErr_SetString(c->attribute_error, fn == NULL ? "__wrapped__" : "_snap");
+        return NULL;
+    }
+    Py_INCREF(fn); /* (the slots may be reassigned while fn runs) */
+    Py_INCREF(snap);
+    PyObject *res = NULL;
+    PyObject *token = c->PyContextVar_Set(c->var, snap);
+    if (token == NULL) {
+        goto done;
+    }
+    PyObject *ident = c->PyLong_FromUnsignedLong(c->PyThread_get_thread_ident());
+    if (ident == NULL) {
+        goto reset;
+    }
+    PyObject *prev = c->PyDict_GetItemWithError(c->running, ident);
+    if (prev == NULL) {
+        c->PyErr_Clear(); /* (an int key: no error but a missing entry) */
+    } else {
+        Py_INCREF(prev);
+    }
+    if (c->PyDict_SetItem(c->running, ident, snap) < 0) {
+        if (prev != NULL) {
+            ms_decref(prev);
+        }
+        ms_decref(ident);
+        goto reset;
+    }
+
+    res = c->PyObject_Vectorcall(fn, args, (size_t)nargs, kwnames);
+
+    PyObject *type = NULL, *value = NULL, *tb = NULL;
+    if (res == NULL) {
+        c->PyErr_Fetch(&type, &value, &tb);
+        c->PyErr_NormalizeException(&type, &value, &tb);
+        if (value != NULL && c->PyErr_GivenExceptionMatches(value, c->exception)) {
+            PyObject *pair[2] = {value, snap};
+            PyObject *r = c->PyObject_Vectorcall(c->attach, pair, 2, NULL);
+            if (r == NULL) {
+                c->PyErr_Clear();
+            } else {
+                ms_decref(r);
+            }
+        }
+    }
+    /* finally: RUNNING as it was, the origin reset (an exception set aside meanwhile) */
+    if (prev == NULL || prev == c->none) {
+        if (c->PyDict_DelItem(c->running, ident) < 0) {
+            c->PyErr_Clear();
+        }
+    } else if (c->PyDict_SetItem(c->running, ident, prev) < 0) {
+        c->PyErr_Clear();
+    }
+    if (prev != NULL) {
+        ms_decref(prev);
+    }
+    ms_decref(ident);
+    if (c->PyContextVar_Reset(c->var, token) < 0) {
+        c->PyErr_Clear(); /* entered another context in between: leave it be */
+    }
+    ms_decref(token);
+    if (res == NULL) {
+        c->PyErr_Restore(type, value, tb);
+    }
+    goto done;
+
+reset:
+    {
+        PyObject *t2 = NULL, *v2 = NULL, *tb2 = NULL;
+        c->PyErr_Fetch(&t2, &v2, &tb2);
+        if (c->PyContextVar_Reset(c->var, token) < 0) {
+            c->PyErr_Clear();
+        }
+        ms_decref(token);
+        c->PyErr_Restore(t2, v2, tb2);
+    }
+done:
+    ms_decref(snap);
+    ms_decref(fn);
+    return res;
+}

@@ -1,0 +1,236 @@
+"""The native origin carrier (``native/carrier.h``, ``_origin.NativeCarrier``): what a
+thread pool queues for a plain function where the install's native code runs. It must do
+what ``WithOrigin.__call__`` does and answer what ``WithOrigin`` answers."""
+
+from __future__ import annotations
+
+import contextvars
+import pickle
+import sys
+import threading
+import traceback
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+import monstack
+from monstack import _capture, _origin, _snapshot
+from monstack._points import futures as _futures
+
+from conftest import CONFIG, expected_backend
+
+THIS_FILE = __file__
+
+
+def line_of(marker: str) -> int:
+    with open(THIS_FILE) as f:
+        return next(i for i, line in enumerate(f, 1) if line.rstrip().endswith("# " + marker))
+
+
+def innermost_line(snap: monstack.Snapshot) -> int:
+    return snap.records()[-1][1]
+
+
+def native_expected() -> bool:
+    """Where the suite runs with native code: the 3.12+ callbacks, the 3.11 shim."""
+    if sys.version_info >= (3, 12):
+        return CONFIG == "native"
+    return expected_backend() == "evalframe"
+
+
+@pytest.fixture
+def pool_installed():
+    monstack.uninstall()
+    monstack.install()
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            yield pool
+    finally:
+        monstack.uninstall()
+
+
+@pytest.fixture
+def native_new(pool_installed):
+    new = _futures._fast[1]
+    if new is None:
+        pytest.skip("no native code in this configuration")
+    return new
+
+
+def job(*args, **kwargs):
+    return args, kwargs, monstack.current_origin()
+
+
+def failing_job():
+    raise ValueError("from the job")
+
+
+class Stop(BaseException):
+    pass
+
+
+def stopping_job():
+    raise Stop()
+
+
+def queued(pool, fn, *args, **kwargs):
+    """What the pool's work item holds for ``pool.submit(fn, ...)`` (and the future)."""
+    import concurrent.futures.thread as cf_thread
+
+    seen = []
+    original = cf_thread._WorkItem
+
+    class Recording(original):  # type: ignore[misc, valid-type]
+        def __init__(self, future, fn, *rest):
+            seen.append(fn[0] if type(fn) is tuple else fn)  # 3.14+: (fn, args, kwargs)
+            original.__init__(self, future, fn, *rest)
+
+    cf_thread._WorkItem = Recording
+    try:
+        future = pool.submit(fn, *args, **kwargs)  # @queued
+    finally:
+        cf_thread._WorkItem = original
+    return seen[0], future
+
+
+def test_the_pool_queues_the_native_carrier_where_native_code_runs(pool_installed):
+    carried, future = queued(pool_installed, job, 1, k=2)
+    args, kwargs, origin = future.result()
+    assert (args, kwargs) == ((1,), {"k": 2})
+    assert innermost_line(origin) == line_of("@queued")
+    if native_expected():
+        assert type(carried) is _origin.NativeCarrier, _origin.native_carrier_why
+        assert _origin.native_carrier_why == ""
+        assert _futures._fast[0] is _capture.running().backend.capture_native
+    else:
+        assert type(carried) is _origin.WithOrigin
+    assert carried.__wrapped__ is job and carried._sent is None
+
+
+def test_without_native_code_the_python_carrier_is_queued():
+    monstack.uninstall()
+    kwargs = {"accelerator": False} if sys.version_info >= (3, 12) else {"backend": "walk"}
+    monstack.install(**kwargs)
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            carried, future = queued(pool, job)
+            assert innermost_line(future.result()[2]) == line_of("@queued")
+        assert type(carried) is _origin.WithOrigin
+        assert _futures._fast == [_capture.snapshot, None]
+    finally:
+        monstack.uninstall()
+
+
+def test_native_carrier_answers_as_the_python_one(native_new):
+    snap = monstack.snapshot()
+    native, python = native_new(job, snap), _origin.WithOrigin(job, snap)
+    assert isinstance(native, _origin.WithOrigin)
+    for name in ("__name__", "__qualname__", "__module__", "__doc__", "__wrapped__", "_snap", "_sent"):
+        assert getattr(native, name) == getattr(python, name), name
+    assert repr(native) == repr(python)
+    job.extra = "forwarded"
+    try:
+        assert native.extra == "forwarded"
+    finally:
+        del job.extra
+    with pytest.raises(AttributeError):
+        native._native_table  # the native table is not visible from Python
+    # pickled, it arrives as the Python carrier, with the same origin
+    back = pickle.loads(pickle.dumps(native))
+    assert type(back) is _origin.WithOrigin and back.__wrapped__ is job
+    assert back._snap.records() == snap.records()
+    assert _origin.has_origin(native)
+
+
+def test_native_carrier_runs_the_job_under_its_origin(native_new):
+    snap = monstack.snapshot()  # @direct
+    me = threading.get_ident()
+    seen = {}
+
+    def look(a, b=None):
+        seen["origin"] = monstack.current_origin()
+        seen["running"] = _snapshot.RUNNING.get(me)
+        return a, b
+
+    assert native_new(look, snap)(1, b=2) == (1, 2)
+    assert seen["origin"] is snap and seen["running"] is snap
+    assert me not in _snapshot.RUNNING and monstack.current_origin() is None
+    # inside another origin: both are put back after
+    outer = monstack.snapshot()
+    with monstack.origin(outer):
+        native_new(look, snap)(0)
+        assert _snapshot.RUNNING[me] is outer and monstack.current_origin() is outer
+    assert seen["origin"] is snap
+
+
+def test_an_exception_from_the_job_gets_the_origin_and_no_carrier_entry(pool_installed):
+    future = pool_installed.submit(failing_job)  # @failing
+    with pytest.raises(ValueError) as info:
+        future.result()
+    exc = info.value
+    origin = monstack.origin_of(exc)
+    assert origin is not None and innermost_line(origin) == line_of("@failing")
+    entries = traceback.extract_tb(exc.__traceback__)
+    assert entries[-1].name == "failing_job"
+    assert entries[-2].name == "run" and entries[-2].filename.endswith("thread.py"), entries
+    assert not any("monstack" in e.filename for e in entries), entries
+
+
+def test_an_exception_keeps_an_origin_it_already_has(native_new):
+    inner, outer = monstack.snapshot(), monstack.snapshot()
+
+    def fails():
+        raise KeyError("x")
+
+    with pytest.raises(KeyError) as info:
+        native_new(native_new(fails, inner), outer)()
+    assert monstack.origin_of(info.value) is inner
+
+
+def test_a_base_exception_passes_without_origin_and_state_is_put_back(native_new):
+    me = threading.get_ident()
+    with pytest.raises(Stop) as info:
+        native_new(stopping_job, monstack.snapshot())()
+    assert monstack.origin_of(info.value) is None
+    assert me not in _snapshot.RUNNING and monstack.current_origin() is None
+    assert traceback.extract_tb(info.value.__traceback__)[-1].name == "stopping_job"
+
+
+def test_the_origin_is_reset_in_the_context_it_was_set(native_new):
+    snap = monstack.snapshot()
+    ctx = contextvars.copy_context()
+    assert ctx.run(native_new(monstack.current_origin, snap)) is snap
+    assert ctx.get(_snapshot.CURRENT_ORIGIN) is None and monstack.current_origin() is None
+
+
+def test_a_native_carrier_is_made_by_the_native_code_only(native_new):
+    with pytest.raises(TypeError):
+        _origin.NativeCarrier(job, monstack.snapshot())
+    with pytest.raises(TypeError):
+        type("Sub", (_origin.NativeCarrier,), {})
+    empty = object.__new__(_origin.NativeCarrier)
+    with pytest.raises(SystemError):
+        empty()  # no table to run with: an error, never a crash
+    carried = native_new(job, monstack.snapshot())
+    del carried.__wrapped__
+    with pytest.raises(AttributeError):
+        carried()
+
+
+def test_the_set_up_refuses_a_blob_without_the_carrier():
+    class NoCarrier:
+        name = "none"
+
+        def addr(self, symbol):
+            raise KeyError(symbol)
+
+    saved = list(_origin._NATIVE), _origin.native_carrier_why
+    _origin._NATIVE.clear()
+    try:
+        assert _origin.native_carrier(None) is None and not _origin._NATIVE  # nothing tried
+        assert _origin.native_carrier(NoCarrier()) is None
+        assert "KeyError" in _origin.native_carrier_why
+        assert _origin.native_carrier(object()) is None  # refused once for the process
+    finally:
+        _origin._NATIVE[:] = saved[0]
+        _origin.native_carrier_why = saved[1]
