@@ -9,6 +9,9 @@ and ``_evalframe`` use, each exactly as ``Lib/ctypes/__init__.py`` defines it (3
 3.15 agree on all of them): the same ``_type_`` codes, the same prototype classes and
 flags, ``memmove``/``string_at``/``cast`` from the same C helpers. Objects made here are
 interchangeable with ``ctypes``' own (``_ctypes`` checks ``_type_`` codes, not classes).
+Each type and prototype is a class (~0.1-0.2M instructions to make): only ``c_void_p`` and
+``py_object`` are made at import, every other name at first use (the loader needs no
+other: see ``_native.api_word``).
 
 Not here: ``Structure`` subclasses with ``_fields_`` (on 3.14+ ``_ctypes`` computes their
 layout in ``ctypes._layout``, which imports the package: ``_native`` lays its one struct
