@@ -330,8 +330,8 @@ def api_function(name: str, restype: Any, *argtypes: Any) -> Any:
 _API: Dict[tuple, Any] = {}
 
 # The loader's prototypes. Each ctypes prototype is a class (~0.1M instructions to make)
-# and each C type another (~0.2M), and a start-up without a verdict called C functions
-# of nine signatures. So the loader makes two prototypes, one for C-API functions and
+# and each C type another (~0.2M), and the loader and its checks call C functions of a
+# dozen signatures. So the loader makes two prototypes, one for C-API functions and
 # one for libc's, with no argument types; each function object gets its own (every
 # argument a machine word, ``c_void_p``: ``argtypes`` and ``restype`` set on the object,
 # as on a function of ``ctypes.CDLL``). An object is passed as its address (``id``: the
