@@ -172,7 +172,7 @@ def _verify_direct_calls(blob: _native.Blob) -> None:
     word = C.c_void_p.from_address
     checks = (
         (bool(builtin.__flags__ & lay["TPFLAGS_HAVE_VECTORCALL"]), "builtin functions are not vectorcall"),
-        (C.c_ssize_t.from_address(id(builtin) + lay["tp_vectorcall_offset"]).value == off_vc,
+        (_word(id(builtin) + lay["tp_vectorcall_offset"]) == off_vc,
          "PyCFunctionObject.vectorcall is not the type's vectorcall slot"),
         (word(id(len) + off_self).value == id(builtins), "PyCFunctionObject.m_self"),
     )
@@ -221,6 +221,23 @@ def _u64s(raw: bytes) -> List[int]:
     return memoryview(raw).cast("Q").tolist()
 
 
+def _pointer(addr: int) -> Optional[int]:
+    """The word at ``addr``, unsigned (None for 0), as ``c_void_p`` reads it."""
+    return C.c_void_p.from_address(addr).value
+
+
+def _word(addr: int) -> int:
+    """The word at ``addr`` as a signed integer (a ``Py_ssize_t``), read through
+    ``c_void_p``: the checks make no other C type (see ``_native.api_word``)."""
+    return _native.signed(C.c_void_p.from_address(addr).value)
+
+
+def _byte(addr: int) -> int:
+    """The byte at ``addr``, read as the first of a word (for a field inside a header
+    at least a word long past it)."""
+    return (C.c_void_p.from_address(addr).value or 0).to_bytes(8, sys.byteorder)[0]
+
+
 def _layout(blob: _native.Blob) -> Dict[str, int]:
     names = blob.cstrings("ms_layout_names")
     raw = blob.read("ms_layout", 8 * len(names))
@@ -241,24 +258,23 @@ def _verify_layout(blob: _native.Blob) -> None:
     need(lay["tuple_ob_item"] == tuple.__basicsize__, "PyTupleObject.ob_item")
     t = (object(), 1)
     need(C.c_void_p.from_address(id(t) + lay["tuple_ob_item"]).value == id(t[0]), "tuple items")
-    need(C.c_ssize_t.from_address(id(t) + lay["var_ob_size"]).value == 2, "PyVarObject.ob_size")
+    need(_word(id(t) + lay["var_ob_size"]) == 2, "PyVarObject.ob_size")
     lst = [t]
     items = C.c_void_p.from_address(id(lst) + lay["list_ob_item"]).value
     need(items is not None and C.c_void_p.from_address(items).value == id(t), "PyListObject.ob_item")
-    need(C.c_ssize_t.from_address(id(lst) + lay["var_ob_size"]).value == 1, "list size")
+    need(_word(id(lst) + lay["var_ob_size"]) == 1, "list size")
     code = _verify_layout.__code__
     need(C.c_void_p.from_address(id(code) + lay["co_filename"]).value == id(code.co_filename),
          "PyCodeObject.co_filename")
     need(lay["sizeof_PyMethodDef"] == _native.SIZEOF_PYMETHODDEF, "sizeof(PyMethodDef)")
     need(lay["ml_meth"] == _native.ML_METH and lay["ml_flags"] == _native.ML_FLAGS, "PyMethodDef fields")
     # The state capsule's pointer is read right after the object header.
-    fn = _native.api_function
-    # (the name as c_void_p: a bytes argument passes its buffer, as c_char_p would)
-    new = fn("PyCapsule_New", C.py_object, C.c_void_p, C.c_void_p, C.c_void_p)
-    get = fn("PyCapsule_GetPointer", C.c_void_p, C.py_object, C.c_void_p)
-    marker = C.c_int(7)
+    # (the name as a word: a bytes argument passes its buffer, as c_char_p would)
+    new = _native.api_object("PyCapsule_New", 3)
+    get = _native.api_word("PyCapsule_GetPointer", 2)
+    marker = C.c_void_p(7)
     cap = new(C.addressof(marker), STATE_NAME, None)
-    need(get(cap, STATE_NAME) == C.addressof(marker), "PyCapsule_GetPointer")
+    need(get(id(cap), STATE_NAME) == C.addressof(marker), "PyCapsule_GetPointer")
     need(C.c_void_p.from_address(id(cap) + lay["sizeof_PyObject"]).value == C.addressof(marker),
          "PyCapsule pointer field")
     del cap
@@ -288,30 +304,29 @@ def _yield_one() -> Any:
 def _verify_type_fields(lay: Dict[str, int], need: Callable[[bool, str], None]) -> None:
     """The PyTypeObject fields snapshot_setup/snapshot_new read (and the GC flag)."""
 
-    class Sub(tuple):
-        __slots__ = ()
+    Sub = _Plain  # (a tuple subclass as a class statement makes it)
 
     class Final:  # (a __dict__, weak references and a finalizer)
         def __del__(self) -> None:
             pass
 
-    def word(obj: Any, key: str, kind: Any = C.c_ssize_t) -> Any:
-        return kind.from_address(id(obj) + lay[key]).value
+    def word(obj: Any, key: str, kind: Any = _word) -> Any:
+        return kind(id(obj) + lay[key])
 
     need(word(tuple, "tp_basicsize") == tuple.__basicsize__, "PyTypeObject.tp_basicsize")
     need(word(tuple, "tp_itemsize") == tuple.__itemsize__, "PyTypeObject.tp_itemsize")
-    need(word(Sub, "tp_flags", C.c_ulong) == Sub.__flags__, "PyTypeObject.tp_flags")
-    need(word(Sub, "tp_base", C.c_void_p) == id(tuple), "PyTypeObject.tp_base")
+    need(word(Sub, "tp_flags", _pointer) == Sub.__flags__, "PyTypeObject.tp_flags")  # (unsigned long)
+    need(word(Sub, "tp_base", _pointer) == id(tuple), "PyTypeObject.tp_base")
     need(word(Final, "tp_dictoffset") == Final.__dictoffset__, "PyTypeObject.tp_dictoffset")
     need(word(Final, "tp_weaklistoffset") == Final.__weakrefoffset__, "PyTypeObject.tp_weaklistoffset")
     alloc = _native.resolve("f:PyType_GenericAlloc")
-    need(word(Sub, "tp_alloc", C.c_void_p) == alloc, "PyTypeObject.tp_alloc")
+    need(word(Sub, "tp_alloc", _pointer) == alloc, "PyTypeObject.tp_alloc")
     need(lay["TPFLAGS_HAVE_GC"] == 1 << 14 and bool(tuple.__flags__ & lay["TPFLAGS_HAVE_GC"]), "Py_TPFLAGS_HAVE_GC")
     # snapshot_setup adopts the Snapshot class's tp_dealloc (ms_snap_dealloc) only while
     # its tp_free is CPython's PyObject_GC_Del, and frees natively allocated instances
     # past a PyGC_Head of the compiled size (sys.getsizeof counts it).
     gc_del = _native.resolve("f:PyObject_GC_Del")
-    need(word(Sub, "tp_free", C.c_void_p) == gc_del, "PyTypeObject.tp_free")
+    need(word(Sub, "tp_free", _pointer) == gc_del, "PyTypeObject.tp_free")
     probe = Sub((1, 2))
     need(sys.getsizeof(probe) - Sub.__basicsize__ - 2 * Sub.__itemsize__ == lay["sizeof_PyGC_Head"],
          "sizeof(PyGC_Head)")
@@ -321,20 +336,20 @@ def _verify_type_fields(lay: Dict[str, int], need: Callable[[bool, str], None]) 
     class Other(tuple):
         __slots__ = ()
 
-    need(lay["tp_dealloc"] == lay["tp_itemsize"] + C.sizeof(C.c_ssize_t), "PyTypeObject.tp_dealloc")
-    sub_dealloc = word(Sub, "tp_dealloc", C.c_void_p)
-    need(sub_dealloc is not None and sub_dealloc == word(Other, "tp_dealloc", C.c_void_p)
-         and sub_dealloc != word(tuple, "tp_dealloc", C.c_void_p), "PyTypeObject.tp_dealloc")
-    need(word(Sub, "tp_finalize", C.c_void_p) is None and word(Final, "tp_finalize", C.c_void_p) is not None,
+    need(lay["tp_dealloc"] == lay["tp_itemsize"] + 8, "PyTypeObject.tp_dealloc")  # (a Py_ssize_t later)
+    sub_dealloc = word(Sub, "tp_dealloc", _pointer)
+    need(sub_dealloc is not None and sub_dealloc == word(Other, "tp_dealloc", _pointer)
+         and sub_dealloc != word(tuple, "tp_dealloc", _pointer), "PyTypeObject.tp_dealloc")
+    need(word(Sub, "tp_finalize", _pointer) is None and word(Final, "tp_finalize", _pointer) is not None,
          "PyTypeObject.tp_finalize")
     # (tp_del: tp_version_tag and its padding before tp_finalize, in 3.12 to 3.15)
-    need(lay["tp_finalize"] - lay["tp_del"] == 16 and word(Sub, "tp_del", C.c_void_p) is None,
+    need(lay["tp_finalize"] - lay["tp_del"] == 16 and word(Sub, "tp_del", _pointer) is None,
          "PyTypeObject.tp_del")
 
 
 def _request_extra_index() -> int:
     """A new co_extra index (the caller keeps it in ``_extra_index``: one per process)."""
-    req = _native.api_function("PyUnstable_Eval_RequestCodeExtraIndex", C.c_void_p, C.c_void_p)  # (Py_ssize_t)
+    req = _native.api_word("PyUnstable_Eval_RequestCodeExtraIndex", 1)  # (Py_ssize_t)
     index = _native.signed(req(None))
     if index < 0:
         raise _native.NativeUnavailable("no free co_extra index (PyUnstable_Eval_RequestCodeExtraIndex)")
@@ -344,14 +359,14 @@ def _request_extra_index() -> int:
 def _verify_code_extra(lay: Dict[str, int], need: Callable[[bool, str], None]) -> None:
     """Request our co_extra index and check the layout the native code reads."""
     global _extra_index
-    setx = _native.api_function("PyUnstable_Code_SetExtra", C.c_int, C.py_object, C.c_ssize_t, C.c_void_p)
+    setx = _native.api_word("PyUnstable_Code_SetExtra", 3)  # (int)
     index = _request_extra_index()
     code = _verify_code_extra.__code__.replace()  # a fresh code object (not compile(): see above)
-    need(setx(code, index, 0x5A5A0) == 0, "PyUnstable_Code_SetExtra failed")
+    need(_native.int32(setx(id(code), index, 0x5A5A0)) == 0, "PyUnstable_Code_SetExtra failed")
     extra = C.c_void_p.from_address(id(code) + lay["co_extra"]).value
     need(extra is not None, "PyCodeObject.co_extra")
     assert extra is not None  # need() raised otherwise
-    need(C.c_ssize_t.from_address(extra).value > index, "co_extra size")
+    need(_word(extra) > index, "co_extra size")
     need(C.c_void_p.from_address(extra + 8 + 8 * index).value == 0x5A5A0, "co_extra slot")
     _extra_index = index
 
@@ -362,11 +377,11 @@ def _verify_dict_version(lay: Dict[str, int], need: Callable[[bool, str], None])
     local.cell = [None]
     d = local.__dict__
     at = id(d) + lay["ma_version_tag"]
-    seen = [C.c_uint64.from_address(at).value]
+    seen = [_pointer(at)]
     for step in (lambda: setattr(local, "other", 1), lambda: setattr(local, "cell", [None]),
                  lambda: delattr(local, "cell"), lambda: setattr(local, "cell", None)):
         step()
-        v = C.c_uint64.from_address(at).value
+        v = _pointer(at)
         need(v not in seen, "PyDictObject.ma_version_tag does not change with the dict")
         seen.append(v)
 
@@ -381,16 +396,16 @@ def _verify_dict_entries(lay: Dict[str, int], need: Callable[[bool, str], None])
     cell = local.cell = [None]
     d = local.__dict__
 
-    def word(addr: int, kind: Any = C.c_void_p) -> Any:
-        return kind.from_address(addr).value
+    def word(addr: int, kind: Any = _pointer) -> Any:
+        return kind(addr)
 
     def entries() -> list:
         keys = word(id(d) + lay["ma_keys"])
         need(keys is not None and word(id(d) + lay["ma_values"]) is None, "PyDictObject.ma_keys/ma_values")
-        need(C.string_at(keys + lay["dk_kind"], 1)[0] != lay["DICT_KEYS_GENERAL"], "PyDictKeysObject.dk_kind")
-        n = word(keys + lay["dk_nentries"], C.c_ssize_t)
+        need(_byte(keys + lay["dk_kind"]) != lay["DICT_KEYS_GENERAL"], "PyDictKeysObject.dk_kind")
+        n = word(keys + lay["dk_nentries"], _word)
         need(n == len(d), "PyDictKeysObject.dk_nentries")
-        first = keys + lay["dk_indices"] + (1 << C.string_at(keys + lay["dk_log2_index_bytes"], 1)[0])
+        first = keys + lay["dk_indices"] + (1 << _byte(keys + lay["dk_log2_index_bytes"]))
         size = lay["sizeof_PyDictUnicodeEntry"]
         return [(word(first + i * size + lay["me_key"]), word(first + i * size + lay["me_value"])) for i in range(n)]
 
@@ -407,20 +422,20 @@ def _verify_tuple_hash(lay: Dict[str, int], need: Callable[[bool, str], None]) -
     resets it in the node tuples it reuses and the snapshots it allocates."""
     t = tuple([object(), 2])
     at = id(t) + lay["tuple_ob_hash"]
-    need(lay["tuple_ob_hash"] + 8 == lay["tuple_ob_item"] and C.c_ssize_t.from_address(at).value == -1,
+    need(lay["tuple_ob_hash"] + 8 == lay["tuple_ob_item"] and _word(at) == -1,
          "PyTupleObject.ob_hash (not computed)")
     h = hash(t)
-    need(C.c_ssize_t.from_address(at).value == h, "PyTupleObject.ob_hash (computed)")
+    need(_word(at) == h, "PyTupleObject.ob_hash (computed)")
 
 
 def _verify_runtime(probe: Callable) -> None:
     """Run the native probe (it reads the thread state and frames exactly as the
     callbacks do) and compare with what Python reports."""
-    fn = _native.api_function
-    ts_get = fn("PyThreadState_Get", C.c_void_p)
-    interp_get = fn("PyInterpreterState_Get", C.c_void_p)
-    dict_get = fn("PyThreadState_GetDict", C.c_void_p)
-    get_id = fn("PyThreadState_GetID", C.c_void_p, C.c_void_p)  # (uint64_t: a 64-bit word too)
+    fn = _native.api_word
+    ts_get = fn("PyThreadState_Get", 0)
+    interp_get = fn("PyInterpreterState_Get", 0)
+    dict_get = fn("PyThreadState_GetDict", 0)  # (a borrowed reference, as an address)
+    get_id = fn("PyThreadState_GetID", 1)  # (uint64_t)
 
     def need(cond: bool, what: str) -> None:
         if not cond:

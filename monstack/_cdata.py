@@ -9,6 +9,9 @@ and ``_evalframe`` use, each exactly as ``Lib/ctypes/__init__.py`` defines it (3
 3.15 agree on all of them): the same ``_type_`` codes, the same prototype classes and
 flags, ``memmove``/``string_at``/``cast`` from the same C helpers. Objects made here are
 interchangeable with ``ctypes``' own (``_ctypes`` checks ``_type_`` codes, not classes).
+Each type and prototype is a class (~0.1-0.2M instructions to make): only ``c_void_p`` and
+``py_object`` are made at import, every other name at first use (the loader needs no
+other: see ``_native.api_word``).
 
 Not here: ``Structure`` subclasses with ``_fields_`` (on 3.14+ ``_ctypes`` computes their
 layout in ``ctypes._layout``, which imports the package: ``_native`` lays its one struct
@@ -30,63 +33,58 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Dict, Optional, Tuple
 
-# -- the simple types (ctypes' definitions; those it picks by size below) -----------------
+# -- the simple types (ctypes' definitions) ------------------------------------------------
+# Only these two are made at import: the loader reads and writes every word of memory and
+# passes every argument as a ``c_void_p`` (see ``_native.api_word``). Each type costs
+# ~0.15-0.2M instructions to create, so the others are made at first use.
 
 class py_object(_SimpleCData):
     _type_ = "O"
-
-
-class c_long(_SimpleCData):
-    _type_ = "l"
-
-
-class c_ulong(_SimpleCData):
-    _type_ = "L"
-
-
-class c_int(_SimpleCData):
-    _type_ = "i"
 
 
 class c_void_p(_SimpleCData):
     _type_ = "P"
 
 
-# ctypes picks these by size. Each type costs ~0.2M instructions to create (3.13), so,
-# as ctypes does, long long is long where both are 64 bits (LP64: 64-bit Linux, macOS).
-if sizeof(c_long) == 8:
-    c_longlong: Any = c_long
-    c_ulonglong: Any = c_ulong
-else:  # pragma: no cover (LLP64: Windows)
-
-    class c_longlong(_SimpleCData):  # type: ignore[no-redef]
-        _type_ = "q"
-
-    class c_ulonglong(_SimpleCData):  # type: ignore[no-redef]
-        _type_ = "Q"
-
-
-c_int64 = c_longlong
-c_uint64 = c_ulonglong
-c_size_t: Any = c_ulong if sizeof(c_ulong) == sizeof(c_void_p) else c_ulonglong
-c_ssize_t: Any = c_long if sizeof(c_long) == sizeof(c_void_p) else c_longlong
-
-
-# Made at first use (module ``__getattr__``): the loader needs none of them at start-up.
-_LAZY_TYPES = {"c_char": "c", "c_char_p": "z", "c_ubyte": "B", "c_uint8": "B"}
+# Made at first use (module ``__getattr__``): start-up needs none of them.
+_LAZY_TYPES = {"c_char": "c", "c_char_p": "z", "c_ubyte": "B", "c_uint8": "B", "c_int": "i", "c_long": "l",
+               "c_ulong": "L"}
+#: Those ctypes picks by size: as ctypes does, long long is long where both are 64 bits
+#: (LP64: 64-bit Linux, macOS), and size_t/ssize_t are the unsigned/signed type of a
+#: pointer's size. name -> (the type it is where the sizes agree, the ``_type_`` code of
+#: the one it is made as otherwise, the type whose size must match).
+_SIZED = {"c_longlong": ("c_long", "q", 8), "c_ulonglong": ("c_ulong", "Q", 8),
+          "c_int64": ("c_longlong", "", 0), "c_uint64": ("c_ulonglong", "", 0),
+          "c_size_t": ("c_ulong", "", -1), "c_ssize_t": ("c_long", "", -1)}
 c_char: Any
 c_char_p: Any
 c_ubyte: Any
 c_uint8: Any
+c_int: Any
+c_long: Any
+c_ulong: Any
+c_longlong: Any
+c_ulonglong: Any
+c_int64: Any
+c_uint64: Any
+c_size_t: Any
+c_ssize_t: Any
 
 
 def __getattr__(name: str) -> Any:
+    if name in _SIZED:
+        return _sized(name)
+    if name == "memmove":
+        return _memmove()
     code = _LAZY_TYPES.get(name)
     if code is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     if name == "c_uint8":
         return __getattr__("c_ubyte")
+    return _simple(name, code)
 
+
+def _simple(name: str, code: str) -> Any:
     class simple(_SimpleCData):
         _type_ = code
 
@@ -95,6 +93,18 @@ def __getattr__(name: str) -> Any:
     if name == "c_ubyte":
         globals()["c_uint8"] = simple
     return simple
+
+
+def _sized(name: str) -> Any:
+    base_name, code, size = _SIZED[name]
+    base = __getattr__(base_name)
+    if size == -1:  # size_t, ssize_t: unsigned/signed long where it has a pointer's size
+        if sizeof(base) != sizeof(c_void_p):  # pragma: no cover (LLP64: Windows)
+            base = __getattr__(base_name.replace("long", "longlong"))
+    elif size and sizeof(base) != size:  # pragma: no cover (LLP64: Windows)
+        base = _simple(name, code)
+    globals()[name] = base
+    return base
 
 
 # -- function prototypes -----------------------------------------------------------------
@@ -162,9 +172,14 @@ else:
 
 # -- memory ------------------------------------------------------------------------------
 
-#: ``memmove(dst, src, n)``: ``void *memmove(void *, const void *, size_t)``.
-memmove = CFUNCTYPE(c_void_p, c_void_p, c_void_p, c_size_t)(_memmove_addr)
+def _memmove() -> Any:
+    """``memmove(dst, src, n)``: ``void *memmove(void *, const void *, size_t)`` (made at
+    first use: the loader copies its code with ``_native.libc_word``'s prototype)."""
+    fn = globals()["memmove"] = CFUNCTYPE(c_void_p, c_void_p, c_void_p, __getattr__("c_size_t"))(_memmove_addr)
+    return fn
 
+
+memmove: Any
 _cast: Any = None
 
 
@@ -177,11 +192,15 @@ def cast(obj: Any, typ: Any) -> Any:
     return _cast(obj, obj, typ)
 
 
-_string_at = PYFUNCTYPE(py_object, c_void_p, c_int)(_string_at_addr)
+_string_at: Any = None
 
 
 def string_at(ptr: int, size: int = -1) -> bytes:
-    """``ctypes.string_at``: ``size`` bytes at ``ptr`` (-1: up to its NUL)."""
+    """``ctypes.string_at``: ``size`` bytes at ``ptr`` (-1: up to its NUL). (Its function
+    object is made at the first call: a trusted start-up reads no string.)"""
+    global _string_at
+    if _string_at is None:
+        _string_at = PYFUNCTYPE(py_object, c_void_p, __getattr__("c_int"))(_string_at_addr)
     return _string_at(ptr, size)
 
 

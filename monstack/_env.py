@@ -45,7 +45,9 @@ def config_vars(*names: str) -> list:
         f"_sysconfigdata_{getattr(sys, 'abiflags', '')}_{sys.platform}_{getattr(sys.implementation, '_multiarch', '')}",
     )
     text = _sysconfigdata_source(module)
-    found = [_config_var_from_text(text, name) for name in names]
+    # (each scan of the text is ~50 KB: its layout is checked once for all the names)
+    header = text.count(b"build_time_vars = {") == 1
+    found = [_config_var_from_text(text, name, header) for name in names]
     if all(v is not _UNREAD for v in found):
         return found
     try:
@@ -72,14 +74,16 @@ def _sysconfigdata_source(module: str) -> bytes:
         return b""
 
 
-def _config_var_from_text(text: bytes, name: str) -> object:
+def _config_var_from_text(text: bytes, name: str, header: Optional[bool] = None) -> object:
     """The value of ``name`` in a ``_sysconfigdata`` source, None if its dict does not
-    have it, or ``_UNREAD`` if the text cannot say for sure."""
+    have it, or ``_UNREAD`` if the text cannot say for sure. ``header``: whether the text
+    has its dict's first line exactly once, if the caller counted it."""
     key = repr(name).encode("ascii")
-    if text.count(b"build_time_vars = {") != 1:
+    if not (text.count(b"build_time_vars = {") == 1 if header is None else header):
         return _UNREAD
-    if text.count(key) != 1:  # absent (None), or also elsewhere than as one key
-        return None if key not in text and b'"' + key[1:-1] + b'"' not in text else _UNREAD
+    count = text.count(key)
+    if count != 1:  # absent (None), or also elsewhere than as one key
+        return None if not count and b'"' + key[1:-1] + b'"' not in text else _UNREAD
     at = text.index(key)
     line_start = text.rfind(b"\n", 0, at) + 1
     if text[line_start:at].strip() not in (b"", b"build_time_vars = {") or text[at + len(key):at + len(key) + 2] != b": ":

@@ -51,8 +51,9 @@ BLOB = "evalframe311"
 STACK_MARGIN = 256 * 1024
 
 
-#: A C-API function through a private ctypes prototype (GIL held, errors checked).
-_api_fn = _loader.api_function
+#: A C-API function taking and returning machine words, through the loader's shared
+#: prototype (GIL held, errors checked): see ``_native.api_word``.
+_api_fn = _loader.api_word
 
 
 def _rd_ptr(addr: int) -> int:
@@ -134,12 +135,12 @@ def _probe_with(mem: "_SafeMemory", off: Dict[str, int]) -> List[str]:
         if not ok:
             problems.append(f"{name} (offset {off.get(name)}){': ' + detail if detail else ''}")
 
-    ts_get = _api_fn("PyThreadState_Get", C.c_void_p)
-    interp_get = _api_fn("PyInterpreterState_Get", C.c_void_p)
-    # c_void_p, not py_object: ctypes treats a py_object result as a new reference,
-    # and this function returns a borrowed one.
-    ts_dict = _api_fn("PyThreadState_GetDict", C.c_void_p)
-    ts_id = _api_fn("PyThreadState_GetID", C.c_void_p, C.c_void_p)  # (uint64_t: see _native.signed)
+    ts_get = _api_fn("PyThreadState_Get", 0)
+    interp_get = _api_fn("PyInterpreterState_Get", 0)
+    # a word, not an object: ctypes treats a py_object result as a new reference, and
+    # this function returns a borrowed one.
+    ts_dict = _api_fn("PyThreadState_GetDict", 0)
+    ts_id = _api_fn("PyThreadState_GetID", 1)  # (uint64_t)
     ts = ts_get()
     interp = interp_get()
 
@@ -288,9 +289,9 @@ def _probe_with(mem: "_SafeMemory", off: Dict[str, int]) -> List[str]:
 
 
 def _probe_code_extra(off: Dict[str, int], index: int) -> List[str]:
-    set_extra = _api_fn("_PyCode_SetExtra", C.c_int, C.py_object, C.c_ssize_t, C.c_void_p)
+    set_extra = _api_fn("_PyCode_SetExtra", 3)  # (int)
     code = _probe_code_extra.__code__.replace()
-    if set_extra(code, index, 0x5A5A5A5A) != 0:
+    if _loader.int32(set_extra(id(code), index, 0x5A5A5A5A)) != 0:
         return ["_PyCode_SetExtra failed"]
     mem = _SafeMemory()
     try:
@@ -309,8 +310,11 @@ def _find_tls_key(tls: Any) -> tuple:
     the dummy whose pointer is ``tls.__dict__``.
     """
     ldict = tls.__dict__  # creates this thread's dummy if needed
-    addr = _api_fn("PyThreadState_GetDict", C.c_void_p)()  # borrowed
-    tdict = C.cast(addr, C.py_object).value  # a new, counted reference
+    addr = _api_fn("PyThreadState_GetDict", 0)()  # borrowed
+    # the object at that address, a new, counted reference (as ctypes.cast(addr,
+    # py_object).value, without a prototype for cast's helper)
+    holder = C.c_void_p(addr)  # (kept while read: the object is read from its memory)
+    tdict = C.py_object.from_address(C.addressof(holder)).value
     # dict.copy() runs no Python code while copying; iterating tdict itself could see a
     # _thread._local of this thread dying (GC, weakref callback) and change size.
     for key, value in tdict.copy().items():
@@ -398,7 +402,7 @@ def _load_into(nat: _Native) -> Optional[str]:
     problems = [] if trusted else _probe_interp_offsets(off)
     if problems:
         return "interpreter layout differs from the one the shim was built for: " + "; ".join(problems)
-    request = _api_fn("_PyEval_RequestCodeExtraIndex", C.c_void_p, C.c_void_p)  # (Py_ssize_t)
+    request = _api_fn("_PyEval_RequestCodeExtraIndex", 1)  # (Py_ssize_t)
     index = _loader.signed(request(None))
     if index < 0:
         return "no free co_extra index (another tool took them all)"
@@ -406,7 +410,7 @@ def _load_into(nat: _Native) -> Optional[str]:
     if problems:
         return "interpreter layout differs from the one the shim was built for: " + "; ".join(problems)
     nat.extra_index = index
-    nat.interp = _api_fn("PyInterpreterState_Get", C.c_void_p)()
+    nat.interp = _api_fn("PyInterpreterState_Get", 0)()
     try:
         nat.default = _loader.resolve("f:_PyEval_EvalFrameDefault")
     except _loader.NativeUnavailable as exc:
@@ -449,12 +453,12 @@ def _load_into(nat: _Native) -> Optional[str]:
 
 
 def _current_eval(nat: _Native) -> int:
-    get = _api_fn("_PyInterpreterState_GetEvalFrameFunc", C.c_void_p, C.c_void_p)
+    get = _api_fn("_PyInterpreterState_GetEvalFrameFunc", 1)
     return get(nat.interp) or 0
 
 
 def _set_eval(nat: _Native, func: int) -> None:
-    set_ = _api_fn("_PyInterpreterState_SetEvalFrameFunc", None, C.c_void_p, C.c_void_p)
+    set_ = _api_fn("_PyInterpreterState_SetEvalFrameFunc", 2)  # (void: its word is ignored)
     set_(nat.interp, func)
 
 

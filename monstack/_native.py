@@ -73,6 +73,7 @@ _PROT_WRITE = 2
 _PROT_EXEC = 4
 _MAP_PRIVATE = 2
 _MAP_ANONYMOUS = 0x20
+_MAP_FAILED = (1 << 64) - 1  # ((void *) -1, read as a c_void_p)
 
 
 class NativeUnavailable(RuntimeError):
@@ -89,7 +90,7 @@ def machine() -> str:
 #: padded to a pointer's (laid out here: a ``Structure`` with ``_fields_`` imports
 #: ``ctypes`` on 3.14+, see ``_cdata``; tests compare with one).
 _PTR = C.sizeof(C.c_void_p)
-_INT = C.sizeof(C.c_int)
+_INT = 4  # (a C int: 32 bits on every platform CPython runs on)
 ML_NAME = 0
 ML_METH = _PTR
 ML_FLAGS = 2 * _PTR
@@ -127,14 +128,14 @@ class Blob:
             raise NativeUnavailable(f"{self.name}: no symbol {symbol!r} in the blob") from None
 
     def read(self, symbol: str, size: int, offset: int = 0) -> bytes:
-        return C.string_at(self.addr(symbol) + offset, size)
+        return read_bytes(self.addr(symbol) + offset, size)
 
     def cstrings(self, symbol: str) -> List[str]:
         """A NUL-separated list of names ending with an empty string (C ``"a\\0b\\0"``)."""
         at = self.addr(symbol)
         if not self.base <= at < self.base + self.size:
             raise NativeUnavailable(f"{self.name}: the name list {symbol!r} is outside the code")
-        raw = C.string_at(at, self.base + self.size - at)  # one read, to the code's end
+        raw = read_bytes(at, self.base + self.size - at)  # one read, to the code's end
         end = raw.find(b"\0\0") if not raw.startswith(b"\0") else 0
         if end < 0:
             raise NativeUnavailable(f"{self.name}: the name list {symbol!r} has no end")
@@ -145,10 +146,10 @@ class Blob:
         C.c_void_p.from_address(self._data_at(offset)).value = value
 
     def put_i64(self, offset: int, value: int) -> None:
-        C.c_int64.from_address(self._data_at(offset)).value = value
+        C.c_void_p.from_address(self._data_at(offset)).value = value  # (a negative value: two's complement)
 
     def get_i64(self, offset: int) -> int:
-        return C.c_int64.from_address(self._data_at(offset)).value
+        return signed(C.c_void_p.from_address(self._data_at(offset)).value)
 
     def _data_at(self, offset: int) -> int:
         data = self.info.get("data")
@@ -231,15 +232,9 @@ def resolve(entry: str) -> int:
     return address or 0
 
 
-def _libc(name: str, restype: Any, *argtypes: Any) -> Any:
-    """libc's ``name`` as ``ctypes.CDLL(None, use_errno=True).<name>`` with that
-    ``restype`` and ``argtypes`` calls it (the GIL released, errno kept)."""
-    return C.CFUNCTYPE(restype, *argtypes, use_errno=True)((name, C.DLL(None)))
-
-
 def _mprotect_impl(addr: int, size: int, prot: int) -> int:
     """0, or the errno of a refusal."""
-    if _libc("mprotect", C.c_int, C.c_void_p, C.c_size_t, C.c_int)(addr, size, prot) != 0:
+    if int32(libc_word("mprotect", 3)(addr, size, prot)) != 0:
         return C.get_errno() or 1
     return 0
 
@@ -276,13 +271,12 @@ def load_copy(name: str, manifest: Optional[dict] = None, verify: bool = True, i
         if data["offset"] % page or data["offset"] < len(image):
             raise NativeUnavailable(f"{name}: data area at {data['offset']:#x} is not page aligned after the code")
         total = -(-(data["offset"] + data["size"]) // page) * page
-    mmap = _libc("mmap", C.c_void_p, C.c_void_p, C.c_size_t, C.c_int, C.c_int, C.c_int, C.c_long)
-    base = mmap(None, total, _PROT_READ | _PROT_WRITE, _MAP_PRIVATE | _MAP_ANONYMOUS, -1, 0)
-    if base is None or base == C.c_void_p(-1).value:
+    base = libc_word("mmap", 6)(None, total, _PROT_READ | _PROT_WRITE, _MAP_PRIVATE | _MAP_ANONYMOUS, -1, 0)
+    if base is None or base == _MAP_FAILED:
         err = C.get_errno()
         raise NativeUnavailable(f"cannot map memory for native code ({os.strerror(err)})")
     _FOREVER.append(("mapping", name, base, total))  # never unmapped
-    C.memmove(base, image, len(image))
+    libc_word("memmove", 3)(base, image, len(image))
     blob = Blob(name, base, manifest, info, total)
     _fill_table(blob)
     err = _mprotect(base, code_span, _PROT_READ | _PROT_EXEC)
@@ -298,7 +292,7 @@ def _clear_icache(start: int, end: int) -> None:
     ``__clear_cache``; the data and instruction caches are not coherent there)."""
     for lib in ("libgcc_s.so.1", None):
         try:
-            fn = C.CFUNCTYPE(None, C.c_void_p, C.c_void_p)(("__clear_cache", C.DLL(lib)))
+            fn = libc_word("__clear_cache", 2, lib)
         except (OSError, AttributeError):
             continue
         fn(start, end)
@@ -322,7 +316,8 @@ def _fill_table(blob: Blob) -> None:
 def api_function(name: str, restype: Any, *argtypes: Any) -> Any:
     """A private ctypes prototype for a C-API function (GIL held, Python errors
     checked), as ``ctypes.PYFUNCTYPE(restype, *argtypes)((name, ctypes.pythonapi))``
-    makes it. One per signature, made once."""
+    makes it. One per signature, made once. (The loader itself calls through
+    ``api_word``/``api_object``: fewer prototypes.)"""
     key = (name, restype, argtypes)
     fn = _API.get(key)
     if fn is None:
@@ -335,14 +330,73 @@ def api_function(name: str, restype: Any, *argtypes: Any) -> Any:
 
 _API: Dict[tuple, Any] = {}
 
+# The loader's prototypes. Each ctypes prototype is a class (~0.1M instructions to make)
+# and each C type another (~0.2M), and the loader and its checks call C functions of a
+# dozen signatures. So the loader makes two prototypes, one for C-API functions and
+# one for libc's, with no argument types; each function object gets its own (every
+# argument a machine word, ``c_void_p``: ``argtypes`` and ``restype`` set on the object,
+# as on a function of ``ctypes.CDLL``). An object is passed as its address (``id``: the
+# caller holds a reference for the call); a result is a word (``signed``/``int32`` read
+# it signed), or a new reference (``api_object``). Exact on the only platforms that
+# call them, x86-64 and aarch64 Linux (``_accel._refusal``, ``_evalframe``): their
+# calling conventions pass every argument here in a 64-bit register, an ``int`` in its
+# low half, and return an ``int`` in the low half of one.
+
+
+def api_word(name: str, nargs: int) -> Any:
+    """C-API function ``name`` (GIL held, Python errors checked) taking ``nargs`` words
+    and returning a word (None for 0; a borrowed reference as an address)."""
+    return _bound(name, nargs, C.c_void_p, True)
+
+
+def api_object(name: str, nargs: int) -> Any:
+    """C-API function ``name`` taking ``nargs`` words and returning a new reference
+    (NULL: the Python error it set is raised)."""
+    return _bound(name, nargs, C.py_object, True)
+
+
+def libc_word(name: str, nargs: int, lib: Optional[str] = None) -> Any:
+    """C function ``name`` of ``lib`` (None: the process's symbols, libc's among them)
+    as ``ctypes.CDLL(lib, use_errno=True).<name>`` calls it (the GIL released, errno
+    kept), taking ``nargs`` words and returning a word."""
+    return _bound(name, nargs, C.c_void_p, False, lib)
+
+
+def _bound(name: Any, nargs: int, restype: Any, api: bool, lib: Optional[str] = None) -> Any:
+    key = (name, nargs, restype, api, lib)
+    fn = _WORD_FNS.get(key)
+    if fn is None:
+        if api:
+            try:
+                fn = C.PYFUNCTYPE(C.c_void_p)(name if type(name) is int else (name, C.pythonapi))
+            except AttributeError:
+                raise NativeUnavailable(f"the interpreter does not export {name}") from None
+        else:  # (a missing symbol: AttributeError, as ctypes raises it)
+            fn = C.CFUNCTYPE(C.c_void_p, use_errno=True)((name, C.DLL(lib)))
+        fn.argtypes = (C.c_void_p,) * nargs
+        fn.restype = restype
+        _WORD_FNS[key] = fn
+    return fn
+
+
+_WORD_FNS: Dict[tuple, Any] = {}
+
+
+def read_bytes(address: int, size: int) -> bytes:
+    """``size`` bytes at ``address`` (``ctypes.string_at``, through the C-API prototype)."""
+    return _bound(C._string_at_addr, 2, C.py_object, True)(address, size)
+
 
 def signed(result: Optional[int]) -> int:
-    """A ``c_void_p`` result (None for 0) as the 64-bit signed integer the C function
-    returned. Functions whose arguments and results are all 64-bit words then share one
-    prototype (``PYFUNCTYPE(c_void_p, c_void_p)``...): each prototype is a class,
-    ~0.17M instructions to make at start-up."""
+    """A word (a ``c_void_p`` value: None for 0) as the 64-bit signed integer it holds."""
     value = result or 0
     return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def int32(result: Optional[int]) -> int:
+    """A word result of a C function returning ``int``: the signed low 32 bits."""
+    value = (result or 0) & 0xFFFFFFFF
+    return value - (1 << 32) if value >= 1 << 31 else value
 
 
 _PyCFunction_NewEx: Any = None
@@ -361,7 +415,9 @@ def buffer_address(data: bytes) -> int:
     if not _bytes_checked:
         probe = b"monstack: bytes layout"
         at = id(probe) + _BYTES_DATA  # (inside the object whatever the layout: a safe read)
-        if C.string_at(at, len(probe)) != probe or at % _PTR:
+        # (its first two words, read as words: no string type or prototype to make)
+        words = [C.c_void_p.from_address(at + i).value for i in (0, _PTR)]
+        if words != [int.from_bytes(probe[i:i + _PTR], sys.byteorder) for i in (0, _PTR)] or at % _PTR:
             raise NativeUnavailable("bytes objects are not laid out as expected (PyBytesObject.ob_sval)")
         _bytes_checked = True
     return id(data) + _BYTES_DATA
@@ -371,18 +427,14 @@ def make_function(address: int, name: str, flags: int, self_obj: Any, doc: Optio
     """A builtin function object for the C function at ``address`` (its def lives forever)."""
     global _PyCFunction_NewEx
     if _PyCFunction_NewEx is None:
-        # (self as an address: the prototype of PyCapsule_New too, see ``signed``)
-        _PyCFunction_NewEx = api_function(
-            "PyCFunction_NewEx", C.py_object, C.c_void_p, C.c_void_p, C.c_void_p
-        )
+        _PyCFunction_NewEx = api_object("PyCFunction_NewEx", 3)  # (self as an address)
     return _PyCFunction_NewEx(_method_def(address, name, flags, doc), id(self_obj), None)
 
 
 def make_method(cls: type, address: int, name: str, flags: int, doc: Optional[str] = None) -> Any:
     """A method descriptor of class ``cls`` for the C function at ``address``, as a C
     type's ``tp_methods`` entry makes it (``PyDescr_NewMethod``; its def lives forever)."""
-    new = api_function("PyDescr_NewMethod", C.py_object, C.py_object, C.c_void_p)
-    return new(cls, _method_def(address, name, flags, doc))
+    return api_object("PyDescr_NewMethod", 2)(id(cls), _method_def(address, name, flags, doc))
 
 
 def _method_def(address: int, name: str, flags: int, doc: Optional[str]) -> int:

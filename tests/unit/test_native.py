@@ -600,6 +600,55 @@ def test_loading_imports_neither_ctypes_nor_sysconfig_nor_threading(tmp_path):
         assert out.stdout.strip() == "None [] " + how
 
 
+def test_word_functions_pass_and_return_machine_words():
+    """The loader calls C through two prototypes, every argument a word: an object as its
+    address, an int argument in the low half of its word, an int result read by int32."""
+    if not (_env.LINUX and _native.machine() in ("x86_64", "aarch64")):
+        pytest.skip("the loader calls word functions only on x86-64 and aarch64 Linux")
+    as_ssize_t = _native.api_word("PyLong_AsSsize_t", 1)
+    assert _native.api_word("PyLong_AsSsize_t", 1) is as_ssize_t  # (one object per name and arity)
+    minus_two, big = -2, 2**40 + 5
+    assert _native.signed(as_ssize_t(id(minus_two))) == -2
+    assert as_ssize_t(id(big)) == big
+    with pytest.raises(TypeError):  # (a C-API error is raised, the prototype checks errors)
+        as_ssize_t(id("not an int"))
+    assert _native.api_object("PyLong_FromSsize_t", 1)(-3) == -3  # (a new reference, counted)
+    # int PyObject_RichCompareBool(PyObject *, PyObject *, int op): an int in and out
+    compare = _native.api_word("PyObject_RichCompareBool", 3)
+    one, two = 1, 2
+    assert _native.int32(compare(id(one), id(two), 0)) == 1  # Py_LT
+    assert _native.int32(compare(id(two), id(one), 0)) == 0
+    assert [_native.int32(v) for v in (None, 1, 0xFFFFFFFF, 0x1_0000_0005, 2**64 - 1)] == [0, 1, -1, 5, -1]
+    # libc's, the GIL released and errno kept (mprotect of an unaligned address: EINVAL)
+    assert _native.int32(_native.libc_word("mprotect", 3)(1, 4096, 1)) == -1
+    assert _cdata.get_errno() == errno.EINVAL
+    with pytest.raises(_native.NativeUnavailable, match="does not export"):
+        _native.api_word("monstack_nonesuch", 0)
+    data = b"monstack words"
+    assert _native.read_bytes(_native.buffer_address(data), 8) == b"monstack"
+
+
+def test_loading_and_checking_makes_two_prototypes_and_two_c_types(tmp_path):
+    """Each ctypes prototype and C type is a class (~0.1-0.2M instructions of start-up):
+    a process that loads its blob and checks it against the interpreter (no verdict)
+    makes the loader's two prototypes and c_void_p and py_object, nothing more."""
+    if own_blob() is None:
+        pytest.skip("no blob for this interpreter")
+    check = ("from monstack._evalframe import EvalFrameBackend as B; why = B.unavailable()" if own_blob() == "evalframe311"
+             else "from monstack import _accel; why = _accel.unavailable()")
+    code = (
+        "import sys; sys.path.insert(0, %r); %s; "
+        "from monstack import _cdata as C, _native; "
+        "print(why, list(_native.checked.values())[0], len(C._c_functype_cache), "
+        "sorted(n for n in list(C._LAZY_TYPES) + list(C._SIZED) + ['memmove'] if n in vars(C)))" % (ROOT, check)
+    )
+    # (no verdict: a private bytecode prefix, nothing written)
+    env = dict(os.environ, PYTHONPYCACHEPREFIX=str(tmp_path), PYTHONDONTWRITEBYTECODE="1")
+    out = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, timeout=60, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["None", "at", "load", "2", "[]"]
+
+
 def test_signed_reads_a_word_result_as_a_signed_64_bit_integer():
     assert [_native.signed(v) for v in (None, 0, 1, 2**63 - 1, 2**63, 2**64 - 1)] == [0, 0, 1, 2**63 - 1, -2**63, -1]
     # the prototype it lets functions share: a Py_ssize_t result read through c_void_p
