@@ -13,6 +13,8 @@ from typing import Any, Optional
 
 import pytest
 
+import stackcheck
+
 import monstack
 from monstack import _backend, _snapshot, origin_of
 from monstack._points import asyncio as _points_asyncio
@@ -154,6 +156,38 @@ def test_filtered_coroutines_are_reported_too(tmp_path, monkeypatch):
         monstack.uninstall()
         sys.modules.pop("exits_filtered_mod", None)
     assert_created_at(origin_of(exc), "filtered")
+
+
+def test_the_shadow_stack_stays_the_real_one_across_exits(installed, no_resync):
+    # the handler runs Python while the failing frame is still on the stack: afterwards the
+    # shadow stack must be the real one, with no repair
+    async def leaf():
+        stackcheck.check("in the task's innermost coroutine")
+        await asyncio.sleep(0)
+        raise Boom("leaf")
+
+    async def mid():
+        await leaf()
+
+    async def fails_at_once():
+        raise Boom("by hand")
+
+    async def main():
+        stackcheck.check("main, before")
+        for _ in range(3):
+            with pytest.raises(Boom):
+                await asyncio.create_task(mid())  # an exit, reported
+            stackcheck.check("main, after a task failed")
+            with pytest.raises(Boom):
+                await mid()  # awaited by main: no exit
+            stackcheck.check("main, after a direct await failed")
+        coro = fails_at_once()
+        with pytest.raises(Boom):
+            coro.send(None)  # an exit the handler looks at and leaves
+        return stackcheck.check("main, at the end")
+
+    assert asyncio.run(main()) >= 1
+    stackcheck.check("after the loop")
 
 
 # -- the asyncio_tasks point ----------------------------------------------------------
