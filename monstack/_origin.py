@@ -381,6 +381,30 @@ def _set_up_native(blob: Any) -> Callable[..., Any]:
     return new  # type: ignore[no-any-return]
 
 
+def native_create_task(blob: Any, items: tuple, doc: Optional[str] = None) -> Any:
+    """The event loop's ``create_task`` in native code (``native/carrier.h``,
+    ``ms_create_task``; ``items``: its holder tuple after the carrier's table, in the order
+    that file lists), bound as a Python function binds (an ``instancemethod``); None where
+    the native carrier is not set up. Never raises."""
+    new = native_carrier(blob)
+    if new is None:
+        return None
+    try:
+        from . import _cdata as C
+        from . import _native
+
+        at = blob.addr("ms_create_task_layout")
+        size, items_at = (C.c_int64.from_address(at + 8 * i).value for i in range(2))
+        holder = (new.__self__,) + tuple(items)
+        if size != len(holder) or items_at != tuple.__basicsize__:
+            return None
+        fn = _native.cached_function(blob, "ms_create_task", "create_task",
+                                     _native.METH_FASTCALL | _native.METH_KEYWORDS, holder, doc)
+        return _native.api_object("PyInstanceMethod_New", 1)(id(fn))
+    except Exception:
+        return None
+
+
 def _probe_job(a: Any, k: Any = None) -> tuple:
     return (a, k)
 

@@ -34,7 +34,11 @@
     X(void, PyErr_Restore, (PyObject *, PyObject *, PyObject *))                \
     X(int, PyErr_GivenExceptionMatches, (PyObject *, PyObject *))               \
     X(void, PyErr_Clear, (void))                                                \
-    X(void, PyErr_SetString, (PyObject *, const char *))
+    X(void, PyErr_SetString, (PyObject *, const char *))                       \
+    X(int, PySet_Contains, (PyObject *, PyObject *))                            \
+    X(int, PyDict_Contains, (PyObject *, PyObject *))                           \
+    X(PyObject *, PyLong_FromVoidPtr, (void *))                                 \
+    X(PyObject *, PyObject_VectorcallMethod, (PyObject *, PyObject *const *, size_t, PyObject *))
 
 /* X(field): objects the loader stores (the loader keeps them alive). */
 #define MC_OBJS(X)                                                              \
@@ -212,4 +216,152 @@ done:
     ms_decref(snap);
     ms_decref(fn);
     return res;
+}
+
+/* ------------------------------------------------------------------ create_task */
+
+/* The native create_task: what the Python replacement of the event loop's create_task
+ * (monstack/_points/asyncio.py, _make_create_task) does on its common path, in C, so a
+ * task costs no Python call of monstack's. A builtin function (METH_FASTCALL |
+ * METH_KEYWORDS) whose self is the holder tuple below, set on the loop class inside an
+ * instancemethod (which binds it as a Python function binds: args[0] is the loop).
+ *
+ * The common path: the point on, exactly (loop, coro) positionally, keywords only
+ * `name` and `context=None` (by identity with the interned names). Anything else is the
+ * Python replacement's (CT_FALLBACK): `context=` a Context, eager_start=, odd callers. */
+enum {
+    CT_TABLE,     /* the carrier's table (bytes) */
+    CT_CALL,      /* what create_task replaced, called as Python would (binder) */
+    CT_FALLBACK,  /* the Python replacement: everything off the common path */
+    CT_CAPTURE,   /* the install's native snapshotter (the snapshot of its caller) */
+    CT_AFTER,     /* after_create(snap, task, coro): an eager task done, or a done callback */
+    CT_EXITS,     /* _backend.EXITS_REPORTED ([bool]) */
+    CT_CORO,      /* types.CoroutineType */
+    CT_LOOPS,     /* _threads.LOOPS (id(loop) -> weakref) */
+    CT_NOTE_LOOP, /* _threads.note_loop */
+    CT_ON,        /* _points.ON */
+    CT_KEY,       /* "asyncio_tasks" */
+    CT_NAME,      /* "name" (interned) */
+    CT_CONTEXT,   /* "context" (interned) */
+    CT_DONE,      /* "done" (interned) */
+    CT_TRUE,      /* True */
+    CT_SIZE
+};
+
+/* Facts the loader checks: the holder's size, where a tuple's items start. */
+__attribute__((used))
+const int64_t ms_create_task_layout[] = {(int64_t)CT_SIZE, (int64_t)offsetof(PyTupleObject, ob_item)};
+
+PyObject *ms_create_task(PyObject *holder, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+#define CT(i) (((PyTupleObject *)holder)->ob_item[(i)]) /* (no asserting macros: see build.py) */
+    struct mc_ctx *c = mc_ctx_of(CT(CT_TABLE));
+    PyObject *call = CT(CT_CALL);
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    int on = c->PySet_Contains(CT(CT_ON), CT(CT_KEY));
+    if (on <= 0) {
+        if (on < 0) {
+            c->PyErr_Clear();
+        }
+        return c->PyObject_Vectorcall(call, args, nargsf, kwnames);
+    }
+    if (nargs != 2) {
+        return c->PyObject_Vectorcall(CT(CT_FALLBACK), args, nargsf, kwnames);
+    }
+    if (kwnames != NULL) {
+        for (Py_ssize_t i = 0; i < Py_SIZE(kwnames); i++) {
+            PyObject *k = ((PyTupleObject *)kwnames)->ob_item[i];
+            if (k != CT(CT_NAME) && (k != CT(CT_CONTEXT) || args[nargs + i] != c->none)) {
+                return c->PyObject_Vectorcall(CT(CT_FALLBACK), args, nargsf, kwnames);
+            }
+        }
+    }
+    PyObject *loop = args[0], *coro = args[1];
+
+    /* _threads.note_loop(loop) unless known (one dict lookup) */
+    PyObject *key = c->PyLong_FromVoidPtr(loop);
+    int known = key == NULL ? -1 : c->PyDict_Contains(CT(CT_LOOPS), key);
+    if (key != NULL) {
+        ms_decref(key);
+    }
+    if (known <= 0) {
+        if (known < 0) {
+            c->PyErr_Clear();
+        }
+        PyObject *r = c->PyObject_Vectorcall(CT(CT_NOTE_LOOP), args, 1, NULL);
+        if (r == NULL) {
+            c->PyErr_Clear();
+        } else {
+            ms_decref(r);
+        }
+    }
+
+    /* snap = capture(); on an Exception: call through, with no origin */
+    PyObject *snap = c->PyObject_Vectorcall(CT(CT_CAPTURE), NULL, 0, NULL);
+    if (snap == NULL) {
+        PyObject *type = NULL, *value = NULL, *tb = NULL;
+        c->PyErr_Fetch(&type, &value, &tb);
+        c->PyErr_NormalizeException(&type, &value, &tb);
+        if (value == NULL || !c->PyErr_GivenExceptionMatches(value, c->exception)) {
+            c->PyErr_Restore(type, value, tb); /* (KeyboardInterrupt and the like) */
+            return NULL;
+        }
+        if (type != NULL) {
+            ms_decref(type);
+        }
+        ms_decref(value);
+        if (tb != NULL) {
+            ms_decref(tb);
+        }
+        return c->PyObject_Vectorcall(call, args, nargsf, kwnames);
+    }
+    if (snap == c->none) {
+        ms_decref(snap);
+        return c->PyObject_Vectorcall(call, args, nargsf, kwnames);
+    }
+
+    /* the origin is current while the task copies the context */
+    PyObject *token = c->PyContextVar_Set(c->var, snap);
+    if (token == NULL) {
+        c->PyErr_Clear();
+        ms_decref(snap);
+        return c->PyObject_Vectorcall(call, args, nargsf, kwnames);
+    }
+    PyObject *task = c->PyObject_Vectorcall(call, args, nargsf, kwnames);
+    {
+        PyObject *type = NULL, *value = NULL, *tb = NULL;
+        c->PyErr_Fetch(&type, &value, &tb);
+        if (c->PyContextVar_Reset(c->var, token) < 0) {
+            c->PyErr_Clear(); /* entered another context in between: leave it be */
+        }
+        ms_decref(token);
+        c->PyErr_Restore(type, value, tb);
+    }
+    if (task == NULL) {
+        ms_decref(snap);
+        return NULL;
+    }
+
+    /* an eager task done already, a backend that reports no coroutine exits, a coroutine
+     * that is no Python coroutine: after_create (Python) attaches or adds the callback */
+    PyObject *self_arg[1] = {task};
+    PyObject *done = c->PyObject_VectorcallMethod(CT(CT_DONE), self_arg, 1, NULL);
+    if (done == NULL) {
+        c->PyErr_Clear();
+    } else {
+        PyObject *t = CT(CT_TRUE);
+        if (done == t || ((PyListObject *)CT(CT_EXITS))->ob_item[0] != t || Py_TYPE(coro) != (PyTypeObject *)CT(CT_CORO)) {
+            PyObject *three[3] = {snap, task, coro};
+            PyObject *r = c->PyObject_Vectorcall(CT(CT_AFTER), three, 3, NULL);
+            if (r == NULL) {
+                c->PyErr_Clear();
+            } else {
+                ms_decref(r);
+            }
+        }
+        ms_decref(done);
+    }
+    ms_decref(snap);
+    return task;
+#undef CT
 }

@@ -8,16 +8,16 @@ import sys
 import types
 import weakref
 
-from . import ON, capture_snapshot, binder, patch, take
-from .. import _threads
+from . import ON, capture_snapshot, binder, drop_own_entry, patch, take
+from .. import _capture, _threads
 from .._backend import COROUTINE_EXIT, EXITS_REPORTED
-from .._origin import attach_if_absent, carry, has_origin
+from .._origin import attach_if_absent, carry, has_origin, native_create_task
 from .._snapshot import CURRENT_ORIGIN
 from .futures import crosses_interpreters
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Callable
+    from typing import Any, Callable, Optional
 
 _LOOPS = _threads.LOOPS
 _note_loop = _threads.note_loop
@@ -29,40 +29,88 @@ def _make_create_task(original: Callable[..., Any]) -> Callable[..., Any]:
     set_origin, reset_origin = CURRENT_ORIGIN.set, CURRENT_ORIGIN.reset
     exits, coroutine_type = EXITS_REPORTED, types.CoroutineType
 
-    # The hot path of every task: no helper calls beyond the snapshot and the context
-    # variable's set/reset around the creation (the task copies the current context);
-    # everything else is bound here, once. Where the backend reports coroutine exits,
+    # The hot path of every task where no native code runs (the native replacement does
+    # the same in C and calls this one off its common path): no helper calls beyond the
+    # snapshot and the context variable's set/reset around the creation (the task copies
+    # the current context); everything else is bound here, once. Where the backend reports coroutine exits,
     # a failed task's exception gets its origin from _task_exit (the failure path only);
     # elsewhere, and for a task that runs no Python coroutine, from a done callback.
     def create_task(self: Any, coro: Any, *args: Any, **kwargs: Any) -> Any:
-        if "asyncio_tasks" not in on:
-            return call(self, coro, *args, **kwargs)
-        if id(self) not in loops:
-            note_loop(self)
-        if kwargs and kwargs.get("context") is not None:
-            return _create_task_in_context(call, self, coro, args, kwargs)
         try:
-            snap = get_snap()
-        except Exception:
-            return call(self, coro, *args, **kwargs)
-        token = set_origin(snap)
-        try:
-            task = call(self, coro, *args, **kwargs)
-        finally:
-            reset_origin(token)
-        try:
-            if task.done():
-                # An eager task (eager_task_factory, 3.12+) that finished inside
-                # create_task: a done callback would only be scheduled, and the
-                # creator may await the task before it runs.
-                _task_done(snap, task)
-            elif not exits[0] or type(coro) is not coroutine_type:
-                task.add_done_callback(_TaskDone(snap))
-        except Exception:
-            pass
-        return task
+            if "asyncio_tasks" not in on:
+                return call(self, coro, *args, **kwargs)
+            if id(self) not in loops:
+                note_loop(self)
+            if kwargs and kwargs.get("context") is not None:
+                return _create_task_in_context(call, self, coro, args, kwargs)
+            try:
+                snap = get_snap()
+            except Exception:
+                return call(self, coro, *args, **kwargs)
+            token = set_origin(snap)
+            try:
+                task = call(self, coro, *args, **kwargs)
+            finally:
+                reset_origin(token)
+            try:
+                if task.done():
+                    # An eager task (eager_task_factory, 3.12+) that finished inside
+                    # create_task: a done callback would only be scheduled, and the
+                    # creator may await the task before it runs.
+                    _task_done(snap, task)
+                elif not exits[0] or type(coro) is not coroutine_type:
+                    task.add_done_callback(_TaskDone(snap))
+            except Exception:
+                pass
+            return task
+        except BaseException as exc:  # (the traceback a direct call gives)
+            drop_own_entry(exc, _getframe())
+            tb = exc.__traceback__
+            if tb is not None and tb.tb_frame.f_code is _IN_CONTEXT_CODE:
+                exc.__traceback__ = tb.tb_next
+            raise
 
-    return create_task
+    return _native_create_task(original, call, create_task) or create_task
+
+
+def _native_create_task(original: Any, call: Callable[..., Any], python: Callable[..., Any]) -> Any:
+    """The native replacement (``native/carrier.h``: ``ms_create_task``, the common path of
+    ``python`` in C, with no Python call per task), where the install runs native code;
+    None elsewhere. Off its common path it calls ``python``."""
+    backend = getattr(_capture.running(), "backend", None)
+    capture = getattr(backend, "capture_native", None)
+    if capture is None:
+        return None
+    items = (call, python, capture, _after_create, EXITS_REPORTED, types.CoroutineType, _LOOPS, _note_loop,
+             ON, sys.intern("asyncio_tasks"), sys.intern("name"), sys.intern("context"), sys.intern("done"), True)
+    return native_create_task(getattr(backend, "native_blob", None), items, _text_signature(original))
+
+
+def _text_signature(original: Any) -> Optional[str]:
+    """A builtin's docstring that gives ``inspect.signature`` ``original``'s signature."""
+    inspect = sys.modules.get("inspect")  # (asyncio imports it)
+    try:
+        text = str(inspect.signature(original)) if inspect is not None else ""
+    except Exception:
+        text = ""
+    if not text.startswith("(self"):
+        return None
+    doc = getattr(original, "__doc__", None) or ""
+    # (self, not $self: the instancemethod binds the loop as a function's first argument)
+    return f"create_task{text}\n--\n\n{doc}"
+
+
+def _after_create(snap: Any, task: Any, coro: Any) -> None:
+    """The native create_task's tail off its common path: what ``create_task`` does after
+    the task is made (an eager task done already; a done callback where the failure is
+    not reported as a coroutine exit)."""
+    try:
+        if task.done():
+            _task_done(snap, task)
+        elif not EXITS_REPORTED[0] or type(coro) is not types.CoroutineType:
+            task.add_done_callback(_TaskDone(snap))
+    except Exception:
+        pass
 
 
 def _create_task_in_context(call: Callable[..., Any], loop: Any, coro: Any, args: tuple, kwargs: dict) -> Any:
@@ -87,6 +135,7 @@ def _create_task_in_context(call: Callable[..., Any], loop: Any, coro: Any, args
     return task
 
 
+_IN_CONTEXT_CODE = _create_task_in_context.__code__
 #: Tasks created with an explicit ``context=``: their done callback attaches the origin.
 _IN_CONTEXT: weakref.WeakSet = weakref.WeakSet()
 
@@ -153,6 +202,7 @@ def _task_exit(code: Any, exc: BaseException) -> None:
 
 
 _get_origin = CURRENT_ORIGIN.get
+_getframe = sys._getframe
 #: asyncio.current_task, bound when the point is applied
 _current_task: list = [None]
 

@@ -234,3 +234,141 @@ def test_the_set_up_refuses_a_blob_without_the_carrier():
     finally:
         _origin._NATIVE[:] = saved[0]
         _origin.native_carrier_why = saved[1]
+
+
+# -- the native create_task ---------------------------------------------------------------
+
+
+@pytest.fixture
+def loop_installed():
+    import asyncio
+
+    monstack.uninstall()
+    monstack.install()
+    loop = asyncio.new_event_loop()
+    try:
+        yield loop
+    finally:
+        loop.close()
+        monstack.uninstall()
+
+
+def installed_create_task():
+    import asyncio.base_events
+
+    return asyncio.base_events.BaseEventLoop.__dict__["create_task"]
+
+
+async def failing_task():
+    raise ValueError("from the task")
+
+
+async def origin_inside():
+    return monstack.current_origin()
+
+
+def test_the_loop_gets_the_native_create_task_where_native_code_runs(loop_installed):
+    import asyncio
+    import inspect
+
+    replacement = installed_create_task()
+    if native_expected():
+        assert type(replacement).__name__ == "instancemethod", _origin.native_carrier_why
+    else:
+        assert inspect.isfunction(replacement)
+    original = asyncio.base_events.BaseEventLoop.create_task.__wrapped__ if inspect.isfunction(replacement) else None
+    # it answers inspect as the original does
+    monstack.uninstall()
+    plain = inspect.signature(loop_installed.create_task)
+    monstack.install()
+    assert inspect.signature(loop_installed.create_task) == plain
+    assert original is None or inspect.signature(original).parameters.keys() >= {"coro"}
+
+
+def test_a_task_runs_and_fails_under_its_creation_origin(loop_installed):
+    async def main():
+        inside = await loop_installed.create_task(origin_inside())  # @inside
+        task = loop_installed.create_task(failing_task(), name="t", context=None)  # @failing_task
+        with pytest.raises(ValueError) as info:
+            await task
+        return inside, info.value
+
+    inside, exc = loop_installed.run_until_complete(main())
+    assert innermost_line(inside) == line_of("@inside")
+    assert innermost_line(monstack.origin_of(exc)) == line_of("@failing_task")
+    assert monstack.current_origin() is None  # reset in the creator's context
+
+
+def test_off_the_common_path_the_task_still_gets_its_origin(loop_installed):
+    import collections.abc
+
+    class Awaitable(collections.abc.Coroutine):
+        # a coroutine that is no Python coroutine: its failure is no coroutine exit
+        def send(self, value):
+            raise ValueError("from a coroutine-like object")
+
+        def throw(self, *args):
+            raise ValueError("thrown")
+
+        def close(self):
+            pass
+
+        def __await__(self):
+            return self
+
+    async def main():
+        ctx = contextvars.copy_context()
+        in_context = loop_installed.create_task(failing_task(), context=ctx)  # @in_context
+        odd = loop_installed.create_task(Awaitable())  # @odd
+        for task in (in_context, odd):
+            with pytest.raises(ValueError) as info:
+                await task
+            yield info.value
+
+    async def collect():
+        return [exc async for exc in main()]
+
+    in_context, odd = loop_installed.run_until_complete(collect())
+    assert innermost_line(monstack.origin_of(in_context)) == line_of("@in_context")
+    assert innermost_line(monstack.origin_of(odd)) == line_of("@odd")
+
+
+def test_an_error_of_create_task_has_no_entry_of_monstack(loop_installed):
+    import asyncio
+
+    loop = asyncio.new_event_loop()
+    loop.close()
+    coro = failing_task()
+    try:
+        with pytest.raises(RuntimeError) as info:
+            loop.create_task(coro)
+    finally:
+        coro.close()
+    files = [entry.filename for entry in traceback.extract_tb(info.value.__traceback__)]
+    assert not [f for f in files if "monstack" in f and "tests" not in f], files
+
+
+def test_after_uninstall_a_kept_replacement_calls_through(loop_installed):
+    replacement = installed_create_task()
+    monstack.uninstall()
+    assert installed_create_task() is not replacement  # the original is back
+
+    async def main():
+        return await replacement.__get__(loop_installed)(origin_inside())
+
+    assert loop_installed.run_until_complete(main()) is None
+
+
+def test_an_error_with_a_context_has_no_entry_of_monstack(loop_installed):
+    import asyncio
+
+    loop = asyncio.new_event_loop()
+    loop.close()
+    coro = failing_task()
+    try:
+        with pytest.raises(RuntimeError) as info:
+            loop.create_task(coro, context=contextvars.copy_context())
+    finally:
+        coro.close()
+    files = [entry.filename for entry in traceback.extract_tb(info.value.__traceback__)]
+    assert not [f for f in files if "monstack" in f and "tests" not in f], files
