@@ -381,11 +381,13 @@ def _set_up_native(blob: Any) -> Callable[..., Any]:
     return new  # type: ignore[no-any-return]
 
 
-def native_create_task(blob: Any, items: tuple, doc: Optional[str] = None) -> Any:
+def native_create_task(blob: Any, items: tuple, doc: Optional[str] = None, owner: str = "") -> Any:
     """The event loop's ``create_task`` in native code (``native/carrier.h``,
     ``ms_create_task``; ``items``: its holder tuple after the carrier's table, in the order
     that file lists), bound as a Python function binds (an ``instancemethod``); None where
-    the native carrier is not set up. Never raises."""
+    the native carrier is not set up. Never raises. ``owner``: the qualified name of the
+    class it replaces a method of (a builtin's ``__qualname__`` is its self's class's,
+    then its name: the holder is a tuple of a subclass of that name)."""
     new = native_carrier(blob)
     if new is None:
         return None
@@ -395,7 +397,7 @@ def native_create_task(blob: Any, items: tuple, doc: Optional[str] = None) -> An
 
         at = blob.addr("ms_create_task_layout")
         size, items_at = (C.c_int64.from_address(at + 8 * i).value for i in range(2))
-        holder = (new.__self__,) + tuple(items)
+        holder = _holder_class(owner)((new.__self__,) + tuple(items))
         if size != len(holder) or items_at != tuple.__basicsize__:
             return None
         fn = _native.cached_function(blob, "ms_create_task", "create_task",
@@ -403,6 +405,14 @@ def native_create_task(blob: Any, items: tuple, doc: Optional[str] = None) -> An
         return _native.api_object("PyInstanceMethod_New", 1)(id(fn))
     except Exception:
         return None
+
+
+def _holder_class(qualname: str) -> type:
+    """A tuple subclass named ``qualname`` (the same layout: no slots of its own)."""
+    cls = type(qualname.rpartition(".")[2] or "tuple", (tuple,), {"__slots__": ()})
+    if qualname:
+        cls.__qualname__ = qualname
+    return cls
 
 
 def _probe_job(a: Any, k: Any = None) -> tuple:

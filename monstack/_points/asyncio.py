@@ -83,7 +83,8 @@ def _native_create_task(original: Any, call: Callable[..., Any], python: Callabl
         return None
     items = (call, python, capture, _after_create, EXITS_REPORTED, types.CoroutineType, _LOOPS, _note_loop,
              ON, sys.intern("asyncio_tasks"), sys.intern("name"), sys.intern("context"), sys.intern("done"), True)
-    return native_create_task(getattr(backend, "native_blob", None), items, _text_signature(original))
+    owner = getattr(original, "__qualname__", "").rpartition(".")[0]
+    return native_create_task(getattr(backend, "native_blob", None), items, _text_signature(original), owner)
 
 
 def _text_signature(original: Any) -> Optional[str]:

@@ -282,6 +282,8 @@ def test_the_loop_gets_the_native_create_task_where_native_code_runs(loop_instal
     plain = inspect.signature(loop_installed.create_task)
     monstack.install()
     assert inspect.signature(loop_installed.create_task) == plain
+    assert loop_installed.create_task.__qualname__ == "BaseEventLoop.create_task"
+    assert repr(loop_installed.create_task).startswith("<bound method BaseEventLoop.create_task of <")
     assert original is None or inspect.signature(original).parameters.keys() >= {"coro"}
 
 
