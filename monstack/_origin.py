@@ -388,7 +388,7 @@ def native_create_task(blob: Any, items: tuple, doc: Optional[str] = None, owner
     the native carrier is not set up. Never raises. ``owner``: the qualified name of the
     class it replaces a method of (a builtin's ``__qualname__`` is its self's class's,
     then its name: the holder is a tuple of a subclass of that name)."""
-    new = native_carrier(blob)
+    new: Any = native_carrier(blob)
     if new is None:
         return None
     try:
@@ -413,6 +413,85 @@ def _holder_class(qualname: str) -> type:
     if qualname:
         cls.__qualname__ = qualname
     return cls
+
+
+def native_submit(blob: Any, replacement: Any, items: tuple) -> bool:
+    """Make ``ms_submit`` (``native/carrier.h``) the vectorcall of ``replacement``, the
+    Python replacement of ``ThreadPoolExecutor.submit`` whose closure cell ``fast`` holds
+    the list ``[capture, carrier constructor, None]``: the native code's holder tuple (the
+    carrier's table, then ``items`` as that file lists them, with ``replacement``'s code
+    and that list after the first) goes in the list's last item. False, with
+    ``replacement`` as it was, where the native carrier is not set up or objects are not
+    laid out as the native code reads them. Never raises."""
+    new: Any = native_carrier(blob)
+    if new is None or type(replacement) is not FUNCTION_TYPE:
+        return False
+    try:
+        from . import _cdata as C
+        from . import _native
+
+        at = blob.addr("ms_submit_layout")
+        (size, tuple_items, list_items, cell, holder_at, off_code, off_dict, off_closure, off_vectorcall,
+         off_version, off_flags, off_cell, kinds) = (C.c_int64.from_address(at + 8 * i).value for i in range(13))
+        code, closure = replacement.__code__, replacement.__closure__
+        if closure is None or len(closure) <= cell or code.co_freevars[cell] != "fast":
+            return False
+        fast = closure[cell].cell_contents
+        if type(fast) is not list or len(fast) != holder_at + 1 or fast[holder_at] is not None:
+            return False
+        holder = (new.__self__, items[0], code, fast, _probe_job) + tuple(items[1:])
+        word = C.c_void_p.from_address
+        ptr = C.sizeof(C.c_void_p)
+        default = word(id(_probe_job) + off_vectorcall).value
+        if (size != len(holder) or tuple_items != tuple.__basicsize__ or kinds != CO_KINDS
+                or word(id(replacement) + off_code).value != id(code)
+                or word(id(replacement) + off_closure).value != id(closure)
+                or word(id(closure[cell]) + off_cell).value != id(fast)
+                or word(word(id(fast) + list_items).value + ptr * holder_at).value != id(None)
+                or C.c_int.from_address(id(code) + off_flags).value != code.co_flags
+                or not default or word(id(replacement) + off_vectorcall).value != default
+                or not _dict_at(off_dict)):
+            return False
+        fast[holder_at] = holder
+        address = blob.addr("ms_submit")
+        try:
+            set_vectorcall = _native.api_word("PyFunction_SetVectorcall", 2)
+        except Exception:
+            set_vectorcall = None
+        if set_vectorcall is not None:
+            set_vectorcall(id(replacement), address)  # (it also drops the function's version)
+        else:  # (3.11: what it does there, by hand: a version 0 is never specialized)
+            C.c_int.from_address(id(replacement) + off_version).value = 0
+            word(id(replacement) + off_vectorcall).value = address
+        _SUBMIT_VECTORCALL[:] = [off_vectorcall]
+        return True
+    except Exception:
+        return False
+
+
+def _dict_at(off_dict: int) -> bool:
+    """A function's ``__dict__`` is where the native submit reads it."""
+    from . import _cdata as C
+
+    def probe() -> None:
+        pass
+
+    attrs = probe.__dict__  # (made now: a function's __dict__ is made on first use)
+    return C.c_void_p.from_address(id(probe) + off_dict).value == id(attrs)
+
+
+#: [where a function's vectorcall is] once native_submit set one
+_SUBMIT_VECTORCALL: list = []
+
+
+def vectorcall_of(fn: Any) -> Optional[int]:
+    """The address of a Python function's vectorcall, once :func:`native_submit` ran (the
+    tests: which code runs a call)."""
+    from . import _cdata as C
+
+    if not _SUBMIT_VECTORCALL or type(fn) is not FUNCTION_TYPE:
+        return None
+    return C.c_void_p.from_address(id(fn) + _SUBMIT_VECTORCALL[0]).value  # type: ignore[no-any-return]
 
 
 def _probe_job(a: Any, k: Any = None) -> tuple:

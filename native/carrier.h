@@ -365,3 +365,184 @@ PyObject *ms_create_task(PyObject *holder, PyObject *const *args, size_t nargsf,
     return task;
 #undef CT
 }
+
+/* ------------------------------------------------------------------ submit */
+
+/* The native submit: what the Python replacement of ThreadPoolExecutor.submit
+ * (monstack/_points/futures.py, _make_submit) does on its short path, in C, so a job
+ * costs no Python call of monstack's on the submitting side.
+ *
+ * It is that Python replacement's vectorcall (PyFunction_SetVectorcall): the class
+ * attribute stays the Python function (its code, signature, __wrapped__, what a tool that
+ * wraps functions in place rewrites), and CPython calls this instead of evaluating its
+ * code, unless it inlines the call (it does not for a function with another vectorcall:
+ * its version is 0). Off the short path, or where the function's code is no longer the
+ * one it was made with (rewritten in place), this evaluates the function's own code
+ * (the default vectorcall, read from a plain function: SB_PLAIN).
+ *
+ * Its holder tuple (below) is the third item of the list in the function's closure cell
+ * SB_CELL (`fast`: [capture, carrier constructor, holder]), which the loader checks.
+ *
+ * The short path (the Python one's, exactly): the point on, the pool's type exactly
+ * ThreadPoolExecutor (no subclass: not an interpreter pool), fn a plain Python function
+ * whose code is no generator/coroutine and whose __dict__ (exactly a dict, or none yet)
+ * has no non-None _is_coroutine_marker / _is_coroutine. There the job is queued as a
+ * native carrier (ms_carrier_new) of fn and a snapshot of the submitter. */
+enum {
+    SB_TABLE,     /* the carrier's table (bytes) */
+    SB_CALL,      /* what submit replaced, called as Python would (binder) */
+    SB_CODE,      /* the replacement's code when made */
+    SB_FAST,      /* the list in its closure (which holds this tuple) */
+    SB_PLAIN,     /* a plain Python function: its vectorcall is the default one */
+    SB_CAPTURE,   /* the install's native snapshotter (the snapshot of its caller) */
+    SB_ON,        /* _points.ON */
+    SB_KEY,       /* "thread_pool" */
+    SB_POOL,      /* concurrent.futures.thread.ThreadPoolExecutor */
+    SB_FUNCTION,  /* types.FunctionType */
+    SB_DICT,      /* dict */
+    SB_MARKER,    /* "_is_coroutine_marker" (interned) */
+    SB_COROUTINE, /* "_is_coroutine" (interned) */
+    SB_SIZE
+};
+
+/* The closure cell of the replacement that holds `fast`, and the holder's index there. */
+#define SB_CELL 1
+#define SB_HOLDER_AT 2
+/* Flags of a code object that keep fn off the short path (_origin.CO_KINDS). */
+#define SB_CO_KINDS (CO_GENERATOR | CO_COROUTINE | CO_ITERABLE_COROUTINE | CO_ASYNC_GENERATOR)
+/* At most this many arguments (positional and keyword) on the short path: their copy,
+ * with fn replaced by the carrier, lives on the C stack. */
+#define SB_MAX_ARGS 16
+
+/* Facts the loader checks: the holder's size, where a tuple's and a list's items start,
+ * the cell and the index of the holder, where a function's code, __dict__, closure,
+ * vectorcall and version are, where a code object's flags are, where a cell's content
+ * is, the flags tested. */
+__attribute__((used))
+const int64_t ms_submit_layout[] = {
+    (int64_t)SB_SIZE,
+    (int64_t)offsetof(PyTupleObject, ob_item),
+    (int64_t)offsetof(PyListObject, ob_item),
+    (int64_t)SB_CELL,
+    (int64_t)SB_HOLDER_AT,
+    (int64_t)offsetof(PyFunctionObject, func_code),
+    (int64_t)offsetof(PyFunctionObject, func_dict),
+    (int64_t)offsetof(PyFunctionObject, func_closure),
+    (int64_t)offsetof(PyFunctionObject, vectorcall),
+    (int64_t)offsetof(PyFunctionObject, func_version),
+    (int64_t)offsetof(PyCodeObject, co_flags),
+    (int64_t)offsetof(PyCellObject, ob_ref),
+    (int64_t)SB_CO_KINDS,
+};
+
+/* The holder of the replacement `self` (NULL where its closure does not hold one: only
+ * if someone rewrote monstack's cell). */
+static inline PyObject *sb_holder(PyFunctionObject *self)
+{
+    PyObject *closure = self->func_closure;
+    if (closure == NULL || Py_SIZE(closure) <= SB_CELL) {
+        return NULL;
+    }
+    PyObject *fast = ((PyCellObject *)((PyTupleObject *)closure)->ob_item[SB_CELL])->ob_ref;
+    if (fast == NULL || Py_SIZE(fast) != SB_HOLDER_AT + 1) {
+        return NULL;
+    }
+    PyObject *holder = ((PyListObject *)fast)->ob_item[SB_HOLDER_AT];
+    if (Py_TYPE(holder) != Py_TYPE(closure) || Py_SIZE(holder) != SB_SIZE ||
+        ((PyTupleObject *)holder)->ob_item[SB_FAST] != fast) {
+        return NULL;
+    }
+    return holder;
+}
+
+PyObject *ms_submit(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    PyFunctionObject *func = (PyFunctionObject *)self;
+    PyObject *holder = sb_holder(func);
+    if (holder == NULL) {
+        return NULL; /* no table to raise with: CPython reports a SystemError */
+    }
+#define SB(i) (((PyTupleObject *)holder)->ob_item[(i)]) /* (no asserting macros: see build.py) */
+    /* the function's own code, as CPython would run it */
+    vectorcallfunc python = ((PyFunctionObject *)SB(SB_PLAIN))->vectorcall;
+    if (func->func_code != SB(SB_CODE)) {
+        return python(self, args, nargsf, kwnames); /* rewritten in place: theirs runs */
+    }
+    PyObject *table = SB(SB_TABLE);
+    struct mc_ctx *c = mc_ctx_of(table);
+    PyObject *call = SB(SB_CALL);
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    Py_ssize_t total = nargs + (kwnames == NULL ? 0 : Py_SIZE(kwnames));
+    int on = c->PySet_Contains(SB(SB_ON), SB(SB_KEY));
+    if (on <= 0) {
+        if (on < 0) {
+            c->PyErr_Clear();
+        }
+        if (nargs >= 2) {
+            return c->PyObject_Vectorcall(call, args, nargsf, kwnames);
+        }
+        return python(self, args, nargsf, kwnames); /* (its TypeError, as Python gives it) */
+    }
+    if (nargs < 2 || total > SB_MAX_ARGS || Py_TYPE(args[0]) != (PyTypeObject *)SB(SB_POOL) ||
+        Py_TYPE(args[1]) != (PyTypeObject *)SB(SB_FUNCTION)) {
+        return python(self, args, nargsf, kwnames);
+    }
+    PyObject *fn = args[1];
+    PyFunctionObject *fn_func = (PyFunctionObject *)fn;
+    if (((PyCodeObject *)fn_func->func_code)->co_flags & SB_CO_KINDS) {
+        return python(self, args, nargsf, kwnames);
+    }
+    PyObject *attrs = fn_func->func_dict;
+    if (attrs != NULL) {
+        if (Py_TYPE(attrs) != (PyTypeObject *)SB(SB_DICT)) {
+            return python(self, args, nargsf, kwnames);
+        }
+        if (((PyDictObject *)attrs)->ma_used != 0) {
+            for (int i = SB_MARKER; i <= SB_COROUTINE; i++) {
+                PyObject *v = c->PyDict_GetItemWithError(attrs, SB(i));
+                if (v == NULL) {
+                    c->PyErr_Clear(); /* (a str key: no error but a missing entry) */
+                } else if (v != c->none) {
+                    return python(self, args, nargsf, kwnames);
+                }
+            }
+        }
+    }
+
+    /* snap = capture(); on an Exception: call through with fn unwrapped */
+    PyObject *snap = c->PyObject_Vectorcall(SB(SB_CAPTURE), NULL, 0, NULL);
+    if (snap == NULL) {
+        PyObject *type = NULL, *value = NULL, *tb = NULL;
+        c->PyErr_Fetch(&type, &value, &tb);
+        c->PyErr_NormalizeException(&type, &value, &tb);
+        if (value == NULL || !c->PyErr_GivenExceptionMatches(value, c->exception)) {
+            c->PyErr_Restore(type, value, tb); /* (KeyboardInterrupt and the like) */
+            return NULL;
+        }
+        if (type != NULL) {
+            ms_decref(type);
+        }
+        ms_decref(value);
+        if (tb != NULL) {
+            ms_decref(tb);
+        }
+        return c->PyObject_Vectorcall(call, args, nargsf, kwnames);
+    }
+    PyObject *pair[2] = {fn, snap};
+    PyObject *carrier = ms_carrier_new(table, pair, 2);
+    ms_decref(snap);
+    if (carrier == NULL) {
+        return NULL;
+    }
+    /* the same arguments with the carrier in fn's place (one free slot in front, so the
+     * callee may prepend a bound argument: PY_VECTORCALL_ARGUMENTS_OFFSET) */
+    PyObject *buf[SB_MAX_ARGS + 1];
+    for (Py_ssize_t i = 0; i < total; i++) {
+        buf[i + 1] = args[i];
+    }
+    buf[2] = carrier;
+    PyObject *res = c->PyObject_Vectorcall(call, buf + 1, (size_t)nargs | PY_VECTORCALL_ARGUMENTS_OFFSET, kwnames);
+    ms_decref(carrier);
+    return res;
+#undef SB
+}

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import sys
 
-from . import ON, capture_snapshot, binder, patch, take
+from . import ON, capture_snapshot, binder, drop_own_entry, patch, take
 
 from .. import _capture
-from .._origin import CO_KINDS, FUNCTION_TYPE, WithOrigin, attach_if_absent, carry, has_origin, native_carrier
+from .._origin import (CO_KINDS, FUNCTION_TYPE, WithOrigin, attach_if_absent, carry, has_origin, native_carrier,
+                       native_submit)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -18,52 +19,77 @@ if TYPE_CHECKING:
 def _make_submit(point: str) -> Callable[[Any], Any]:
     def make(original: Callable[..., Any]) -> Callable[..., Any]:
         call = binder(original)  # calls it as Python would: through __get__
-        on, fast = ON, _fast
+        on = ON
+        # [capture, carrier constructor, the native submit's holder]: where the install
+        # runs native code the native submit (_native_submit) reads the last from this cell
+        fast = [*_fast, None]
         fast_class = _FAST_CLASSES.get(point)
 
         def submit(self: Any, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
-            if point not in on:
-                return call(self, fn, *args, **kwargs)
-            if type(fn) is FUNCTION_TYPE and type(self) is fast_class and not fn.__code__.co_flags & CO_KINDS:
-                # The common case, kept short (it runs per job): a plain function
-                # submitted to the pool class itself (no subclass: not an interpreter
-                # pool) gets what carry() would give it, without the general checks.
-                attrs = fn.__dict__
-                if not attrs or (attrs.get("_is_coroutine_marker") is None and attrs.get("_is_coroutine") is None):
-                    capture, new = fast
-                    try:
-                        snap = capture()
-                    except Exception:
-                        return call(self, fn, *args, **kwargs)
-                    if new is not None:  # the native carrier: its __call__ is C
-                        return call(self, new(fn, snap), *args, **kwargs)
-                    carried = _new_with_origin(WithOrigin)
-                    carried.__wrapped__ = fn
-                    carried._snap = snap
-                    carried._sent = None
-                    return call(self, carried, *args, **kwargs)
-            if has_origin(fn):
-                return call(self, fn, *args, **kwargs)
-            taken = take()
-            if taken is None:
-                return call(self, fn, *args, **kwargs)
-            snap = taken
-            if crosses_interpreters(self):
-                # 3.14+: the callable must be shareable with another interpreter as the
-                # user gave it (a wrapper is not): it runs unwrapped, and the exception
-                # it raised gets the origin in this interpreter, when the future fails.
-                future = call(self, fn, *args, **kwargs)
-                _attach_when_done(future, snap)
+            try:
+                if point not in on:
+                    return call(self, fn, *args, **kwargs)
+                if type(fn) is FUNCTION_TYPE and type(self) is fast_class and not fn.__code__.co_flags & CO_KINDS:
+                    # The common case, kept short (it runs per job): a plain function
+                    # submitted to the pool class itself (no subclass: not an interpreter
+                    # pool) gets what carry() would give it, without the general checks.
+                    # (Where the install runs native code, ms_submit does this in C: this
+                    # code then runs only for what it leaves, see _native_submit.)
+                    attrs = fn.__dict__
+                    if not attrs or (attrs.get("_is_coroutine_marker") is None and attrs.get("_is_coroutine") is None):
+                        capture, new, _ = fast
+                        try:
+                            snap = capture()
+                        except Exception:
+                            return call(self, fn, *args, **kwargs)
+                        if new is not None:  # the native carrier: its __call__ is C
+                            return call(self, new(fn, snap), *args, **kwargs)
+                        carried = _new_with_origin(WithOrigin)
+                        carried.__wrapped__ = fn
+                        carried._snap = snap
+                        carried._sent = None
+                        return call(self, carried, *args, **kwargs)
+                if has_origin(fn):
+                    return call(self, fn, *args, **kwargs)
+                taken = take()
+                if taken is None:
+                    return call(self, fn, *args, **kwargs)
+                snap = taken
+                if crosses_interpreters(self):
+                    # 3.14+: the callable must be shareable with another interpreter as the
+                    # user gave it (a wrapper is not): it runs unwrapped, and the exception
+                    # it raised gets the origin in this interpreter, when the future fails.
+                    future = call(self, fn, *args, **kwargs)
+                    _attach_when_done(future, snap)
+                    return future
+                carried = carry(fn, snap)
+                future = call(self, carried, *args, **kwargs)
+                if point == "process_pool" or carried is fn:  # fn unwrapped: a coroutine function...
+                    _attach_when_done(future, snap)
                 return future
-            carried = carry(fn, snap)
-            future = call(self, carried, *args, **kwargs)
-            if point == "process_pool" or carried is fn:  # fn unwrapped: a coroutine function...
-                _attach_when_done(future, snap)
-            return future
+            except BaseException as exc:  # (the traceback a direct call gives)
+                drop_own_entry(exc, _getframe())
+                raise
 
+        if point == "thread_pool":
+            _native_submit(submit, call)
         return submit
 
     return make
+
+
+def _native_submit(submit: Callable[..., Any], call: Callable[..., Any]) -> bool:
+    """Where the install runs native code: ``submit``'s calls run ``ms_submit``
+    (``native/carrier.h``: its short path in C, with no Python call per job; the rest by
+    evaluating ``submit``'s code) instead of its code (its vectorcall)."""
+    capture, new = _fast
+    backend = getattr(_capture.running(), "backend", None)
+    pool_class = _FAST_CLASSES.get("thread_pool")
+    if new is None or pool_class is None or capture is not getattr(backend, "capture_native", None):
+        return False
+    items = (call, capture, ON, sys.intern("thread_pool"), pool_class, FUNCTION_TYPE, dict,
+             sys.intern("_is_coroutine_marker"), sys.intern("_is_coroutine"))
+    return native_submit(getattr(backend, "native_blob", None), submit, items)
 
 
 #: The pool class whose plain-function jobs take the short path, per point (set when the
@@ -76,6 +102,7 @@ _new_with_origin = object.__new__
 #: carrier's constructor (``_origin.native_carrier``); ``snapshot`` and None without
 #: native code (pure-Python callbacks, the walk backend).
 _fast: list = [capture_snapshot, None]
+_getframe = sys._getframe
 
 
 def crosses_interpreters(executor: Any) -> bool:

@@ -9,12 +9,13 @@ import pickle
 import sys
 import threading
 import traceback
+import types
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 import monstack
-from monstack import _capture, _origin, _snapshot
+from monstack import _capture, _env, _origin, _snapshot
 from monstack._points import futures as _futures
 
 from conftest import CONFIG, expected_backend
@@ -374,3 +375,253 @@ def test_an_error_with_a_context_has_no_entry_of_monstack(loop_installed):
         coro.close()
     files = [entry.filename for entry in traceback.extract_tb(info.value.__traceback__)]
     assert not [f for f in files if "monstack" in f and "tests" not in f], files
+
+
+# -- the native submit --------------------------------------------------------------------
+
+
+def installed_submit():
+    import concurrent.futures.thread as cf_thread
+
+    return cf_thread.ThreadPoolExecutor.__dict__["submit"]
+
+
+def python_calls_of(code, call):
+    """How many times ``code`` ran as Python code (a frame of its own) during ``call()``."""
+    calls = []
+
+    def profile(frame, event, arg):
+        if event == "call" and frame.f_code is code:
+            calls.append(frame)
+
+    sys.setprofile(profile)
+    try:
+        result = call()
+    finally:
+        sys.setprofile(None)
+    return len(calls), result
+
+
+def test_the_pool_submit_runs_native_code_where_native_code_runs(pool_installed):
+    replacement = installed_submit()
+    assert type(replacement) is types.FunctionType  # still a Python function, for other tools
+    ran, future = python_calls_of(replacement.__code__, lambda: pool_installed.submit(job, 1, k=2))  # @direct-submit
+    args, kwargs, origin = future.result()
+    assert (args, kwargs) == ((1,), {"k": 2})
+    assert innermost_line(origin) == line_of("@direct-submit")
+    if native_expected():
+        address = _capture.running().backend.native_blob.addr("ms_submit")
+        assert _origin.vectorcall_of(replacement) == address, _origin.native_carrier_why
+        assert ran == 0  # its code did not run: the native submit did its work
+    else:
+        assert ran == 1
+
+
+def test_uninstall_puts_the_identical_submit_back():
+    monstack.uninstall()
+    before = installed_submit()
+    default = _origin.vectorcall_of(job)
+    monstack.install()
+    try:
+        assert installed_submit() is not before
+    finally:
+        monstack.uninstall()
+    assert installed_submit() is before
+    assert _origin.vectorcall_of(before) == default  # (None before any native submit)
+
+
+def test_the_native_submit_passes_arguments_and_results(pool_installed):
+    cases = [((), {}), ((1,), {}), ((1, 2), {"k": 3}), (tuple(range(20)), {"k": 1})]
+    for args, kwargs in cases:  # (the last: more arguments than the native short path copies)
+        carried, future = queued(pool_installed, job, *args, **kwargs)
+        got_args, got_kwargs, origin = future.result()
+        assert (got_args, got_kwargs) == (args, kwargs)
+        assert innermost_line(origin) == line_of("@queued")
+        assert type(carried) in _origin.CARRIER_TYPES and carried.__wrapped__ is job
+    assert pool_installed.submit(job, fn=4).result()[:2] == ((), {"fn": 4})  # (fn is positional-only)
+    # called on the class, unbound
+    future = ThreadPoolExecutor.submit(pool_installed, job, 5)  # @unbound
+    assert future.result()[0] == (5,) and innermost_line(future.result()[2]) == line_of("@unbound")
+
+
+class Pool(ThreadPoolExecutor):
+    pass
+
+
+class Owner:
+    def method(self):
+        return monstack.current_origin()
+
+
+class DictSubclass(dict):
+    pass
+
+
+def off_path_jobs():
+    """(name, callable, whether the native short path takes it): what the Python short path
+    would take, and what it leaves to the general path."""
+    import functools
+
+    def with_attribute():
+        return monstack.current_origin()
+
+    with_attribute.extra = 1
+
+    def with_none_marker():
+        return monstack.current_origin()
+
+    with_none_marker._is_coroutine_marker = None
+
+    def with_dict_subclass():
+        return monstack.current_origin()
+
+    with_dict_subclass.__dict__ = DictSubclass()
+    return [
+        ("lambda", lambda: monstack.current_origin(), True),
+        ("attribute", with_attribute, True),
+        ("none marker", with_none_marker, True),
+        ("dict subclass", with_dict_subclass, False),
+        ("bound method", Owner().method, False),
+        ("partial", functools.partial(monstack.current_origin), False),
+        ("builtin", _snapshot.CURRENT_ORIGIN.get, False),
+    ]
+
+
+def test_off_the_short_path_jobs_still_get_their_origins(pool_installed):
+    code = installed_submit().__code__
+    for name, fn, short in off_path_jobs():
+        ran, future = python_calls_of(code, lambda: pool_installed.submit(fn))  # @off-path
+        assert innermost_line(future.result()) == line_of("@off-path"), name
+        if native_expected():
+            assert ran == (0 if short else 1), name
+    with Pool(1) as pool:
+        ran, future = python_calls_of(code, lambda: pool.submit(job, 1))  # @subclass
+        assert innermost_line(future.result()[2]) == line_of("@subclass")
+        assert ran == 1
+
+
+def test_a_marked_coroutine_function_travels_unwrapped(pool_installed):
+    def marked():
+        raise ValueError("from a marked function")
+
+    marked._is_coroutine_marker = object()  # (what inspect.markcoroutinefunction sets)
+    carried, future = queued(pool_installed, marked)
+    assert carried is marked
+    with pytest.raises(ValueError) as info:
+        future.result()
+    assert innermost_line(monstack.origin_of(info.value)) == line_of("@queued")  # (attached when done)
+
+    async def coroutine_function():
+        return 1
+
+    def generator_function():
+        yield 1
+
+    for fn in (coroutine_function, generator_function):  # (what they return runs nowhere)
+        carried, future = queued(pool_installed, fn)
+        assert carried is fn
+        future.result().close()
+
+
+def test_a_failing_job_off_the_short_path_gets_its_origin(pool_installed):
+    import functools
+
+    future = pool_installed.submit(functools.partial(failing_job))  # @failing-partial
+    with pytest.raises(ValueError) as info:
+        future.result()
+    assert innermost_line(monstack.origin_of(info.value)) == line_of("@failing-partial")
+    entries = traceback.extract_tb(info.value.__traceback__)
+    assert not [e for e in entries if "monstack" in e.filename], entries
+
+
+def test_an_error_of_submit_has_no_entry_of_monstack(pool_installed):
+    import functools
+
+    pool = ThreadPoolExecutor(1)
+    pool.shutdown()
+    for fn in (job, functools.partial(job)):  # the short path, the general one
+        with pytest.raises(RuntimeError) as info:
+            pool.submit(fn)
+        entries = traceback.extract_tb(info.value.__traceback__)
+        assert entries[0].filename == THIS_FILE, entries
+        assert not [e for e in entries if "monstack" in e.filename and "tests" not in e.filename], entries
+    with pytest.raises(TypeError) as info:
+        pool.submit()  # (no fn: the error a call without monstack gives)
+    monstack.uninstall()
+    with pytest.raises(TypeError) as plain:
+        pool.submit()
+    assert str(info.value) == str(plain.value)
+
+
+def test_the_submit_signature_is_the_original_one():
+    import inspect
+
+    monstack.uninstall()
+    pool = ThreadPoolExecutor(1)
+    try:
+        plain = inspect.signature(pool.submit), inspect.signature(ThreadPoolExecutor.submit)
+        monstack.install()
+        try:
+            assert (inspect.signature(pool.submit), inspect.signature(ThreadPoolExecutor.submit)) == plain
+        finally:
+            monstack.uninstall()
+    finally:
+        pool.shutdown()
+
+
+def test_after_uninstall_a_kept_submit_calls_through(pool_installed):
+    replacement = installed_submit()
+    monstack.uninstall()
+    assert installed_submit() is not replacement
+    ran, future = python_calls_of(replacement.__code__, lambda: replacement(pool_installed, job, 1))
+    assert future.result() == ((1,), {}, None)
+    if _env.HAS_SYSMON:  # (3.11 without its PEP 523 shim inlines a Python function's call
+        # whatever its vectorcall: there its code runs, with the same result)
+        assert ran == (0 if native_expected() else 1)
+
+
+def test_a_submit_rewritten_in_place_runs_its_new_code(pool_installed):
+    """A tool that wraps functions by rewriting their code in place (ddtrace): the
+    native submit runs that code, not its own short path."""
+    replacement = installed_submit()
+    code = replacement.__code__
+    rewritten = code.replace(co_name="rewritten")
+    replacement.__code__ = rewritten
+    try:
+        ran, future = python_calls_of(rewritten, lambda: pool_installed.submit(job, 1))  # @rewritten
+        assert ran == 1
+        assert innermost_line(future.result()[2]) == line_of("@rewritten")
+    finally:
+        replacement.__code__ = code
+
+
+def holder_cell(replacement):
+    return replacement.__closure__[replacement.__code__.co_freevars.index("fast")].cell_contents
+
+
+def test_an_error_of_the_snapshot_lets_the_job_run_without_origin(pool_installed):
+    if not native_expected():
+        pytest.skip("the native submit's holder")
+    fast = holder_cell(installed_submit())
+    holder = fast[2]
+    capture_at = holder.index(_futures._fast[0])
+
+    def failing_capture():
+        raise RuntimeError("no snapshot")
+
+    def stopping_capture():
+        raise Stop()
+
+    try:
+        fast[2] = holder[:capture_at] + (failing_capture,) + holder[capture_at + 1:]
+        carried, future = queued(pool_installed, job, 1)
+        assert carried is job and future.result() == ((1,), {}, None)
+        fast[2] = holder[:capture_at] + (stopping_capture,) + holder[capture_at + 1:]
+        with pytest.raises(Stop):
+            pool_installed.submit(job, 1)
+        fast[2] = None  # no holder: an error, never a crash
+        with pytest.raises(SystemError):
+            pool_installed.submit(job, 1)
+    finally:
+        fast[2] = holder
+    assert innermost_line(pool_installed.submit(job).result()[2]) == line_of("@after")  # @after
