@@ -326,7 +326,8 @@ def _set_up_native(blob: Any) -> Callable[..., Any]:
 
     ptr = C.sizeof(C.c_void_p)
     at = blob.addr("ms_carrier_layout")
-    magic, size, bytes_data, off_basicsize, off_alloc = (C.c_int64.from_address(at + 8 * i).value for i in range(5))
+    magic, size, bytes_data, off_basicsize, off_alloc, off_call = (
+        C.c_int64.from_address(at + 8 * i).value for i in range(6))
     names = blob.cstrings("ms_carrier_names")
     if magic != _CARRIER_MAGIC or size != ptr * (1 + len(names)):
         raise RuntimeError("the blob's carrier table is not the one this module fills")
@@ -378,6 +379,13 @@ def _set_up_native(blob: Any) -> Callable[..., Any]:
     type.__setattr__(cls, "__call__", call)
     if type(ran) is not cls or ran(1, k=2) != (1, 2) or ran.__wrapped__ is not _probe_job:
         raise RuntimeError("the native carrier did not run as expected")
+    # a call of an instance: the native code straight away, not slot_tp_call looking
+    # __call__ up and calling the method (the class's __call__ stays that method)
+    tp_call = C.c_void_p.from_address(id(cls) + off_call)
+    if tp_call.value:
+        tp_call.value = blob.addr("ms_carrier_tp_call")
+        if ran(1, k=2) != (1, 2) or ran(*(5,), **{"k": 6}) != (5, 6):
+            raise RuntimeError("the native carrier did not run as expected")
     return new  # type: ignore[no-any-return]
 
 

@@ -38,7 +38,8 @@
     X(int, PySet_Contains, (PyObject *, PyObject *))                            \
     X(int, PyDict_Contains, (PyObject *, PyObject *))                           \
     X(PyObject *, PyLong_FromVoidPtr, (void *))                                 \
-    X(PyObject *, PyObject_VectorcallMethod, (PyObject *, PyObject *const *, size_t, PyObject *))
+    X(PyObject *, PyObject_VectorcallMethod, (PyObject *, PyObject *const *, size_t, PyObject *)) \
+    X(PyObject *, PyObject_Call, (PyObject *, PyObject *, PyObject *))
 
 /* X(field): objects the loader stores (the loader keeps them alive). */
 #define MC_OBJS(X)                                                              \
@@ -81,11 +82,12 @@ const char ms_carrier_names[] = MC_FUNCS(MC_NAME_F) MC_OBJS(MC_NAME_O) MC_OFFS(M
 #undef MC_NAME_I
 
 /* Facts the loader checks: the magic, sizeof(struct mc_ctx), where a bytes object's data
- * starts, where PyTypeObject's tp_basicsize and tp_alloc are. */
+ * starts, where PyTypeObject's tp_basicsize, tp_alloc and tp_call are. */
 __attribute__((used))
 const int64_t ms_carrier_layout[] = {
     (int64_t)MC_MAGIC, (int64_t)sizeof(struct mc_ctx), (int64_t)offsetof(PyBytesObject, ob_sval),
     (int64_t)offsetof(PyTypeObject, tp_basicsize), (int64_t)offsetof(PyTypeObject, tp_alloc),
+    (int64_t)offsetof(PyTypeObject, tp_call),
 };
 
 #define MC_SLOT(op, off) (*(PyObject **)((char *)(op) + (off)))
@@ -126,8 +128,10 @@ PyObject *ms_carrier_new(PyObject *holder, PyObject *const *args, Py_ssize_t nar
     return self;
 }
 
-/* NativeCarrier.__call__(self, *args, **kwargs). */
-PyObject *ms_carrier_call(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+/* The carrier's call: fn(*args) (vectorcall: args, nargs, kwnames) or, where targs is not
+ * NULL, fn(*targs, **tkwargs) (tp_call: a tuple and a dict or NULL). */
+static PyObject *mc_call(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
+                         PyObject *targs, PyObject *tkwargs)
 {
     PyObject *holder = mc_holder(self);
     if (holder == NULL) {
@@ -165,7 +169,7 @@ PyObject *ms_carrier_call(PyObject *self, PyObject *const *args, Py_ssize_t narg
         goto reset;
     }
 
-    res = c->PyObject_Vectorcall(fn, args, (size_t)nargs, kwnames);
+    res = targs != NULL ? c->PyObject_Call(fn, targs, tkwargs) : c->PyObject_Vectorcall(fn, args, (size_t)nargs, kwnames);
 
     PyObject *type = NULL, *value = NULL, *tb = NULL;
     if (res == NULL) {
@@ -216,6 +220,20 @@ done:
     ms_decref(snap);
     ms_decref(fn);
     return res;
+}
+
+/* NativeCarrier.__call__(self, *args, **kwargs). */
+PyObject *ms_carrier_call(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    return mc_call(self, args, nargs, kwnames, NULL, NULL);
+}
+
+/* NativeCarrier's tp_call, which the loader sets in place of slot_tp_call (which looks
+ * __call__ up on the type and calls that method per call): the same, from the tuple and
+ * the dict a pool's worker calls its job with (fn(*args, **kwargs)). */
+PyObject *ms_carrier_tp_call(PyObject *self, PyObject *args, PyObject *kwargs)
+{
+    return mc_call(self, NULL, 0, NULL, args, kwargs);
 }
 
 /* ------------------------------------------------------------------ create_task */

@@ -164,6 +164,22 @@ def test_native_carrier_runs_the_job_under_its_origin(native_new):
     assert seen["origin"] is snap
 
 
+def test_a_call_of_a_native_carrier_goes_straight_to_native_code(native_new):
+    from monstack import _cdata
+
+    snap = monstack.snapshot()
+    carried = native_new(job, snap)
+    # called as the pool's worker calls it (a tuple and a dict), as a vectorcall, and
+    # through the class's __call__: the same
+    assert carried(*(1,), **{"k": 2}) == carried(1, k=2) == _origin.NativeCarrier.__call__(carried, 1, k=2)
+    assert carried(1, k=2) == ((1,), {"k": 2}, snap)
+    # the type's tp_call is the native code's (not slot_tp_call, which looks __call__ up)
+    blob = _capture.running().backend.native_blob
+    off_call = _cdata.c_int64.from_address(blob.addr("ms_carrier_layout") + 8 * 5).value
+    tp_call = _cdata.c_void_p.from_address(id(_origin.NativeCarrier) + off_call).value
+    assert tp_call == blob.addr("ms_carrier_tp_call")
+
+
 def test_an_exception_from_the_job_gets_the_origin_and_no_carrier_entry(pool_installed):
     future = pool_installed.submit(failing_job)  # @failing
     with pytest.raises(ValueError) as info:
@@ -210,8 +226,12 @@ def test_a_native_carrier_is_made_by_the_native_code_only(native_new):
     with pytest.raises(TypeError):
         type("Sub", (_origin.NativeCarrier,), {})
     empty = object.__new__(_origin.NativeCarrier)
+    # no table to run with: an error, never a crash (CPython's SystemError, whose message
+    # names the callable: here the repr of an empty carrier fails first)
+    with pytest.raises((SystemError, AttributeError)):
+        empty()
     with pytest.raises(SystemError):
-        empty()  # no table to run with: an error, never a crash
+        _origin.NativeCarrier.__call__(empty)
     carried = native_new(job, monstack.snapshot())
     del carried.__wrapped__
     with pytest.raises(AttributeError):
