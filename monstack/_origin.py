@@ -389,48 +389,15 @@ def _set_up_native(blob: Any) -> Callable[..., Any]:
     return new  # type: ignore[no-any-return]
 
 
-def native_create_task(blob: Any, items: tuple, doc: Optional[str] = None, owner: str = "") -> Any:
-    """The event loop's ``create_task`` in native code (``native/carrier.h``,
-    ``ms_create_task``; ``items``: its holder tuple after the carrier's table, in the order
-    that file lists), bound as a Python function binds (an ``instancemethod``); None where
-    the native carrier is not set up. Never raises. ``owner``: the qualified name of the
-    class it replaces a method of (a builtin's ``__qualname__`` is its self's class's,
-    then its name: the holder is a tuple of a subclass of that name)."""
-    new: Any = native_carrier(blob)
-    if new is None:
-        return None
-    try:
-        from . import _cdata as C
-        from . import _native
-
-        at = blob.addr("ms_create_task_layout")
-        size, items_at = (C.c_int64.from_address(at + 8 * i).value for i in range(2))
-        holder = _holder_class(owner)((new.__self__,) + tuple(items))
-        if size != len(holder) or items_at != tuple.__basicsize__:
-            return None
-        fn = _native.cached_function(blob, "ms_create_task", "create_task",
-                                     _native.METH_FASTCALL | _native.METH_KEYWORDS, holder, doc)
-        return _native.api_object("PyInstanceMethod_New", 1)(id(fn))
-    except Exception:
-        return None
-
-
-def _holder_class(qualname: str) -> type:
-    """A tuple subclass named ``qualname`` (the same layout: no slots of its own)."""
-    cls = type(qualname.rpartition(".")[2] or "tuple", (tuple,), {"__slots__": ()})
-    if qualname:
-        cls.__qualname__ = qualname
-    return cls
-
-
-def native_submit(blob: Any, replacement: Any, items: tuple) -> bool:
-    """Make ``ms_submit`` (``native/carrier.h``) the vectorcall of ``replacement``, the
-    Python replacement of ``ThreadPoolExecutor.submit`` whose closure cell ``fast`` holds
-    the list ``[capture, carrier constructor, None]``: the native code's holder tuple (the
-    carrier's table, then ``items`` as that file lists them, with ``replacement``'s code
-    and that list after the first) goes in the list's last item. False, with
-    ``replacement`` as it was, where the native carrier is not set up or objects are not
-    laid out as the native code reads them. Never raises."""
+def native_vectorcall(blob: Any, symbol: str, replacement: Any, cell_name: str, items: tuple) -> bool:
+    """Make the native replacement ``symbol`` of ``blob`` (``native/carrier.h``:
+    ``ms_create_task``, ``ms_submit``) the vectorcall of ``replacement``, the Python
+    replacement it does the common path of, whose closure cell ``cell_name`` holds a list
+    ending with None: the native code's holder tuple (the carrier's table, then ``items``
+    as that file lists them, with ``replacement``'s code, that list and a plain function
+    after the first) goes in the list's last item. False, with ``replacement`` as it was,
+    where the native carrier is not set up or objects are not laid out as the native code
+    reads them. Never raises."""
     new: Any = native_carrier(blob)
     if new is None or type(replacement) is not FUNCTION_TYPE:
         return False
@@ -438,11 +405,11 @@ def native_submit(blob: Any, replacement: Any, items: tuple) -> bool:
         from . import _cdata as C
         from . import _native
 
-        at = blob.addr("ms_submit_layout")
+        at = blob.addr(symbol + "_layout")
         (size, tuple_items, list_items, cell, holder_at, off_code, off_dict, off_closure, off_vectorcall,
          off_version, off_flags, off_cell, kinds) = (C.c_int64.from_address(at + 8 * i).value for i in range(13))
         code, closure = replacement.__code__, replacement.__closure__
-        if closure is None or len(closure) <= cell or code.co_freevars[cell] != "fast":
+        if closure is None or len(closure) <= cell or code.co_freevars[cell] != cell_name:
             return False
         fast = closure[cell].cell_contents
         if type(fast) is not list or len(fast) != holder_at + 1 or fast[holder_at] is not None:
@@ -461,7 +428,7 @@ def native_submit(blob: Any, replacement: Any, items: tuple) -> bool:
                 or not _dict_at(off_dict)):
             return False
         fast[holder_at] = holder
-        address = blob.addr("ms_submit")
+        address = blob.addr(symbol)
         try:
             set_vectorcall = _native.api_word("PyFunction_SetVectorcall", 2)
         except Exception:
@@ -471,14 +438,14 @@ def native_submit(blob: Any, replacement: Any, items: tuple) -> bool:
         else:  # (3.11: what it does there, by hand: a version 0 is never specialized)
             C.c_int.from_address(id(replacement) + off_version).value = 0
             word(id(replacement) + off_vectorcall).value = address
-        _SUBMIT_VECTORCALL[:] = [off_vectorcall]
+        _VECTORCALL_AT[:] = [off_vectorcall]
         return True
     except Exception:
         return False
 
 
 def _dict_at(off_dict: int) -> bool:
-    """A function's ``__dict__`` is where the native submit reads it."""
+    """A function's ``__dict__`` is where the native replacements read it."""
     from . import _cdata as C
 
     def probe() -> None:
@@ -488,18 +455,18 @@ def _dict_at(off_dict: int) -> bool:
     return C.c_void_p.from_address(id(probe) + off_dict).value == id(attrs)
 
 
-#: [where a function's vectorcall is] once native_submit set one
-_SUBMIT_VECTORCALL: list = []
+#: [where a function's vectorcall is] once native_vectorcall set one
+_VECTORCALL_AT: list = []
 
 
 def vectorcall_of(fn: Any) -> Optional[int]:
-    """The address of a Python function's vectorcall, once :func:`native_submit` ran (the
-    tests: which code runs a call)."""
+    """The address of a Python function's vectorcall, once :func:`native_vectorcall` ran
+    (the tests: which code runs a call)."""
     from . import _cdata as C
 
-    if not _SUBMIT_VECTORCALL or type(fn) is not FUNCTION_TYPE:
+    if not _VECTORCALL_AT or type(fn) is not FUNCTION_TYPE:
         return None
-    return C.c_void_p.from_address(id(fn) + _SUBMIT_VECTORCALL[0]).value  # type: ignore[no-any-return]
+    return C.c_void_p.from_address(id(fn) + _VECTORCALL_AT[0]).value  # type: ignore[no-any-return]
 
 
 def _probe_job(a: Any, k: Any = None) -> tuple:

@@ -236,61 +236,133 @@ PyObject *ms_carrier_tp_call(PyObject *self, PyObject *args, PyObject *kwargs)
     return mc_call(self, NULL, 0, NULL, args, kwargs);
 }
 
+/* ------------------------------------------------------------------ native replacements */
+
+/* The native create_task and submit below are each the vectorcall of a Python
+ * replacement (PyFunction_SetVectorcall; on 3.11 the field, set by the loader): the class
+ * attribute stays the Python function (its code, signature, __wrapped__: what a tool that
+ * wraps functions in place, like ddtrace, reads and rewrites), and CPython calls this
+ * native code instead of evaluating the function's code, unless it inlines the call (it
+ * does not for a function with another vectorcall: its version is 0; 3.11 inlines Python
+ * calls when no eval_frame function is set, after the shim is gone: the Python code then
+ * runs, with the same result). Off their common path, or where the function's code is no
+ * longer the one it was made with (rewritten in place), they evaluate the function's own
+ * code (the default vectorcall, read from a plain function: NR_PLAIN).
+ *
+ * Each finds its holder tuple, which starts with the items below, as item `at` of the list
+ * in the function's closure cell number `cell` (fixed per replacement; the loader checks
+ * the cell's name). */
+enum {
+    NR_TABLE, /* the carrier's table (bytes) */
+    NR_CALL,  /* what the replacement replaced, called as Python would (binder) */
+    NR_CODE,  /* the replacement's code when made */
+    NR_LIST,  /* the list in its closure (which holds this tuple) */
+    NR_PLAIN, /* a plain Python function: its vectorcall is the default one */
+    NR_FIRST  /* the replacement's own items */
+};
+
+/* Flags of a code object that keep a function off the submit's short path (_origin.CO_KINDS). */
+#define NR_CO_KINDS (CO_GENERATOR | CO_COROUTINE | CO_ITERABLE_COROUTINE | CO_ASYNC_GENERATOR)
+
+/* Facts the loader checks, per replacement: the holder's size, where a tuple's and a
+ * list's items start, the cell and the index of the holder, where a function's code,
+ * __dict__, closure, vectorcall and version are, where a code object's flags are, where a
+ * cell's content is, the flags tested. */
+#define NR_LAYOUT(size, cell, at)                                                       \
+    {                                                                                   \
+        (int64_t)(size), (int64_t)offsetof(PyTupleObject, ob_item),                     \
+            (int64_t)offsetof(PyListObject, ob_item), (int64_t)(cell), (int64_t)(at),   \
+            (int64_t)offsetof(PyFunctionObject, func_code),                             \
+            (int64_t)offsetof(PyFunctionObject, func_dict),                             \
+            (int64_t)offsetof(PyFunctionObject, func_closure),                          \
+            (int64_t)offsetof(PyFunctionObject, vectorcall),                            \
+            (int64_t)offsetof(PyFunctionObject, func_version),                          \
+            (int64_t)offsetof(PyCodeObject, co_flags), (int64_t)offsetof(PyCellObject, ob_ref), \
+            (int64_t)NR_CO_KINDS,                                                       \
+    }
+
+/* The holder of the replacement `self` (NULL where its closure does not hold one: only
+ * if someone rewrote monstack's cell). */
+static inline PyObject *nr_holder(PyFunctionObject *self, Py_ssize_t cell, Py_ssize_t at, Py_ssize_t size)
+{
+    PyObject *closure = self->func_closure;
+    if (closure == NULL || Py_SIZE(closure) <= cell) {
+        return NULL;
+    }
+    PyObject *list = ((PyCellObject *)((PyTupleObject *)closure)->ob_item[cell])->ob_ref;
+    if (list == NULL || Py_SIZE(list) != at + 1) {
+        return NULL;
+    }
+    PyObject *holder = ((PyListObject *)list)->ob_item[at];
+    if (Py_TYPE(holder) != Py_TYPE(closure) || Py_SIZE(holder) != size ||
+        ((PyTupleObject *)holder)->ob_item[NR_LIST] != list) {
+        return NULL;
+    }
+    return holder;
+}
+
 /* ------------------------------------------------------------------ create_task */
 
 /* The native create_task: what the Python replacement of the event loop's create_task
  * (monstack/_points/asyncio.py, _make_create_task) does on its common path, in C, so a
- * task costs no Python call of monstack's. A builtin function (METH_FASTCALL |
- * METH_KEYWORDS) whose self is the holder tuple below, set on the loop class inside an
- * instancemethod (which binds it as a Python function binds: args[0] is the loop).
+ * task costs no Python call of monstack's: that replacement's vectorcall (above). Its
+ * holder is the second item of the list in the replacement's closure cell `_native`
+ * ([capture, holder]; cell 0: the names of free variables are sorted).
  *
  * The common path: the point on, exactly (loop, coro) positionally, keywords only
- * `name` and `context=None` (by identity with the interned names). Anything else is the
- * Python replacement's (CT_FALLBACK): `context=` a Context, eager_start=, odd callers. */
+ * `name` and `context=None` (by identity with the interned names). Anything else
+ * evaluates the replacement's code: `context=` a Context, eager_start=, odd callers. */
 enum {
-    CT_TABLE,     /* the carrier's table (bytes) */
-    CT_CALL,      /* what create_task replaced, called as Python would (binder) */
-    CT_FALLBACK,  /* the Python replacement: everything off the common path */
-    CT_CAPTURE,   /* the install's native snapshotter (the snapshot of its caller) */
-    CT_AFTER,     /* after_create(snap, task, coro): an eager task done, or a done callback */
-    CT_EXITS,     /* _backend.EXITS_REPORTED ([bool]) */
-    CT_CORO,      /* types.CoroutineType */
-    CT_LOOPS,     /* _threads.LOOPS (id(loop) -> weakref) */
-    CT_NOTE_LOOP, /* _threads.note_loop */
-    CT_ON,        /* _points.ON */
-    CT_KEY,       /* "asyncio_tasks" */
-    CT_NAME,      /* "name" (interned) */
-    CT_CONTEXT,   /* "context" (interned) */
-    CT_DONE,      /* "done" (interned) */
-    CT_TRUE,      /* True */
+    CT_CAPTURE = NR_FIRST, /* the install's native snapshotter (the snapshot of its caller) */
+    CT_AFTER,              /* after_create(snap, task, coro): an eager task done, or a done callback */
+    CT_EXITS,              /* _backend.EXITS_REPORTED ([bool]) */
+    CT_CORO,               /* types.CoroutineType */
+    CT_LOOPS,              /* _threads.LOOPS (id(loop) -> weakref) */
+    CT_NOTE_LOOP,          /* _threads.note_loop */
+    CT_ON,                 /* _points.ON */
+    CT_KEY,                /* "asyncio_tasks" */
+    CT_NAME,               /* "name" (interned) */
+    CT_CONTEXT,            /* "context" (interned) */
+    CT_DONE,               /* "done" (interned) */
+    CT_TRUE,               /* True */
     CT_SIZE
 };
+#define CT_CELL 0
+#define CT_HOLDER_AT 1
 
-/* Facts the loader checks: the holder's size, where a tuple's items start. */
 __attribute__((used))
-const int64_t ms_create_task_layout[] = {(int64_t)CT_SIZE, (int64_t)offsetof(PyTupleObject, ob_item)};
+const int64_t ms_create_task_layout[] = NR_LAYOUT(CT_SIZE, CT_CELL, CT_HOLDER_AT);
 
-PyObject *ms_create_task(PyObject *holder, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+PyObject *ms_create_task(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
+    PyObject *holder = nr_holder((PyFunctionObject *)self, CT_CELL, CT_HOLDER_AT, CT_SIZE);
+    if (holder == NULL) {
+        return NULL; /* no table to raise with: CPython reports a SystemError */
+    }
 #define CT(i) (((PyTupleObject *)holder)->ob_item[(i)]) /* (no asserting macros: see build.py) */
-    struct mc_ctx *c = mc_ctx_of(CT(CT_TABLE));
-    PyObject *call = CT(CT_CALL);
+    /* the function's own code, as CPython would run it */
+    vectorcallfunc python = ((PyFunctionObject *)CT(NR_PLAIN))->vectorcall;
+    if (((PyFunctionObject *)self)->func_code != CT(NR_CODE)) {
+        return python(self, args, nargsf, kwnames); /* rewritten in place: theirs runs */
+    }
+    struct mc_ctx *c = mc_ctx_of(CT(NR_TABLE));
+    PyObject *call = CT(NR_CALL);
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
     int on = c->PySet_Contains(CT(CT_ON), CT(CT_KEY));
     if (on <= 0) {
         if (on < 0) {
             c->PyErr_Clear();
         }
-        return c->PyObject_Vectorcall(call, args, nargsf, kwnames);
+        return python(self, args, nargsf, kwnames);
     }
     if (nargs != 2) {
-        return c->PyObject_Vectorcall(CT(CT_FALLBACK), args, nargsf, kwnames);
+        return python(self, args, nargsf, kwnames);
     }
     if (kwnames != NULL) {
         for (Py_ssize_t i = 0; i < Py_SIZE(kwnames); i++) {
             PyObject *k = ((PyTupleObject *)kwnames)->ob_item[i];
             if (k != CT(CT_NAME) && (k != CT(CT_CONTEXT) || args[nargs + i] != c->none)) {
-                return c->PyObject_Vectorcall(CT(CT_FALLBACK), args, nargsf, kwnames);
+                return python(self, args, nargsf, kwnames);
             }
         }
     }
@@ -390,16 +462,9 @@ PyObject *ms_create_task(PyObject *holder, PyObject *const *args, size_t nargsf,
  * (monstack/_points/futures.py, _make_submit) does on its short path, in C, so a job
  * costs no Python call of monstack's on the submitting side.
  *
- * It is that Python replacement's vectorcall (PyFunction_SetVectorcall): the class
- * attribute stays the Python function (its code, signature, __wrapped__, what a tool that
- * wraps functions in place rewrites), and CPython calls this instead of evaluating its
- * code, unless it inlines the call (it does not for a function with another vectorcall:
- * its version is 0). Off the short path, or where the function's code is no longer the
- * one it was made with (rewritten in place), this evaluates the function's own code
- * (the default vectorcall, read from a plain function: SB_PLAIN).
- *
- * Its holder tuple (below) is the third item of the list in the function's closure cell
- * SB_CELL (`fast`: [capture, carrier constructor, holder]), which the loader checks.
+ * That replacement's vectorcall (see "native replacements" above). Its holder is the
+ * third item of the list in the function's closure cell SB_CELL (`fast`: [capture,
+ * carrier constructor, holder]).
  *
  * The short path (the Python one's, exactly): the point on, the pool's type exactly
  * ThreadPoolExecutor (no subclass: not an interpreter pool), fn a plain Python function
@@ -407,12 +472,12 @@ PyObject *ms_create_task(PyObject *holder, PyObject *const *args, size_t nargsf,
  * has no non-None _is_coroutine_marker / _is_coroutine. There the job is queued as a
  * native carrier (ms_carrier_new) of fn and a snapshot of the submitter. */
 enum {
-    SB_TABLE,     /* the carrier's table (bytes) */
-    SB_CALL,      /* what submit replaced, called as Python would (binder) */
-    SB_CODE,      /* the replacement's code when made */
-    SB_FAST,      /* the list in its closure (which holds this tuple) */
-    SB_PLAIN,     /* a plain Python function: its vectorcall is the default one */
-    SB_CAPTURE,   /* the install's native snapshotter (the snapshot of its caller) */
+    SB_TABLE = NR_TABLE,
+    SB_CALL = NR_CALL,
+    SB_CODE = NR_CODE,
+    SB_FAST = NR_LIST,
+    SB_PLAIN = NR_PLAIN,
+    SB_CAPTURE = NR_FIRST, /* the install's native snapshotter (the snapshot of its caller) */
     SB_ON,        /* _points.ON */
     SB_KEY,       /* "thread_pool" */
     SB_POOL,      /* concurrent.futures.thread.ThreadPoolExecutor */
@@ -426,57 +491,17 @@ enum {
 /* The closure cell of the replacement that holds `fast`, and the holder's index there. */
 #define SB_CELL 1
 #define SB_HOLDER_AT 2
-/* Flags of a code object that keep fn off the short path (_origin.CO_KINDS). */
-#define SB_CO_KINDS (CO_GENERATOR | CO_COROUTINE | CO_ITERABLE_COROUTINE | CO_ASYNC_GENERATOR)
 /* At most this many arguments (positional and keyword) on the short path: their copy,
  * with fn replaced by the carrier, lives on the C stack. */
 #define SB_MAX_ARGS 16
 
-/* Facts the loader checks: the holder's size, where a tuple's and a list's items start,
- * the cell and the index of the holder, where a function's code, __dict__, closure,
- * vectorcall and version are, where a code object's flags are, where a cell's content
- * is, the flags tested. */
 __attribute__((used))
-const int64_t ms_submit_layout[] = {
-    (int64_t)SB_SIZE,
-    (int64_t)offsetof(PyTupleObject, ob_item),
-    (int64_t)offsetof(PyListObject, ob_item),
-    (int64_t)SB_CELL,
-    (int64_t)SB_HOLDER_AT,
-    (int64_t)offsetof(PyFunctionObject, func_code),
-    (int64_t)offsetof(PyFunctionObject, func_dict),
-    (int64_t)offsetof(PyFunctionObject, func_closure),
-    (int64_t)offsetof(PyFunctionObject, vectorcall),
-    (int64_t)offsetof(PyFunctionObject, func_version),
-    (int64_t)offsetof(PyCodeObject, co_flags),
-    (int64_t)offsetof(PyCellObject, ob_ref),
-    (int64_t)SB_CO_KINDS,
-};
-
-/* The holder of the replacement `self` (NULL where its closure does not hold one: only
- * if someone rewrote monstack's cell). */
-static inline PyObject *sb_holder(PyFunctionObject *self)
-{
-    PyObject *closure = self->func_closure;
-    if (closure == NULL || Py_SIZE(closure) <= SB_CELL) {
-        return NULL;
-    }
-    PyObject *fast = ((PyCellObject *)((PyTupleObject *)closure)->ob_item[SB_CELL])->ob_ref;
-    if (fast == NULL || Py_SIZE(fast) != SB_HOLDER_AT + 1) {
-        return NULL;
-    }
-    PyObject *holder = ((PyListObject *)fast)->ob_item[SB_HOLDER_AT];
-    if (Py_TYPE(holder) != Py_TYPE(closure) || Py_SIZE(holder) != SB_SIZE ||
-        ((PyTupleObject *)holder)->ob_item[SB_FAST] != fast) {
-        return NULL;
-    }
-    return holder;
-}
+const int64_t ms_submit_layout[] = NR_LAYOUT(SB_SIZE, SB_CELL, SB_HOLDER_AT);
 
 PyObject *ms_submit(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
     PyFunctionObject *func = (PyFunctionObject *)self;
-    PyObject *holder = sb_holder(func);
+    PyObject *holder = nr_holder(func, SB_CELL, SB_HOLDER_AT, SB_SIZE);
     if (holder == NULL) {
         return NULL; /* no table to raise with: CPython reports a SystemError */
     }
@@ -507,7 +532,7 @@ PyObject *ms_submit(PyObject *self, PyObject *const *args, size_t nargsf, PyObje
     }
     PyObject *fn = args[1];
     PyFunctionObject *fn_func = (PyFunctionObject *)fn;
-    if (((PyCodeObject *)fn_func->func_code)->co_flags & SB_CO_KINDS) {
+    if (((PyCodeObject *)fn_func->func_code)->co_flags & NR_CO_KINDS) {
         return python(self, args, nargsf, kwnames);
     }
     PyObject *attrs = fn_func->func_dict;

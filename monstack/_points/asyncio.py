@@ -11,13 +11,13 @@ import weakref
 from . import ON, capture_snapshot, binder, drop_own_entry, patch, take
 from .. import _capture, _threads
 from .._backend import COROUTINE_EXIT, EXITS_REPORTED
-from .._origin import attach_if_absent, carry, has_origin, native_create_task
+from .._origin import attach_if_absent, carry, has_origin, native_vectorcall
 from .._snapshot import CURRENT_ORIGIN
 from .futures import crosses_interpreters
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Callable, Optional
+    from typing import Any, Callable
 
 _LOOPS = _threads.LOOPS
 _note_loop = _threads.note_loop
@@ -25,16 +25,20 @@ _note_loop = _threads.note_loop
 
 def _make_create_task(original: Callable[..., Any]) -> Callable[..., Any]:
     call = binder(original)  # calls it as Python would: through __get__
-    on, loops, note_loop, get_snap = ON, _LOOPS, _note_loop, capture_snapshot
+    on, loops, note_loop = ON, _LOOPS, _note_loop
+    # [capture, the native create_task's holder]: where the install runs native code the
+    # native create_task (_native_create_task) reads the last from this cell
+    _native: list = [capture_snapshot, None]
     set_origin, reset_origin = CURRENT_ORIGIN.set, CURRENT_ORIGIN.reset
     exits, coroutine_type = EXITS_REPORTED, types.CoroutineType
 
-    # The hot path of every task where no native code runs (the native replacement does
-    # the same in C and calls this one off its common path): no helper calls beyond the
-    # snapshot and the context variable's set/reset around the creation (the task copies
-    # the current context); everything else is bound here, once. Where the backend reports coroutine exits,
-    # a failed task's exception gets its origin from _task_exit (the failure path only);
-    # elsewhere, and for a task that runs no Python coroutine, from a done callback.
+    # The hot path of every task where no native code runs (where it runs, the native
+    # create_task does the same in C and evaluates this code off its common path): no
+    # helper calls beyond the snapshot and the context variable's set/reset around the
+    # creation (the task copies the current context); everything else is bound here,
+    # once. Where the backend reports coroutine exits, a failed task's exception gets its
+    # origin from _task_exit (the failure path only); elsewhere, and for a task that runs
+    # no Python coroutine, from a done callback.
     def create_task(self: Any, coro: Any, *args: Any, **kwargs: Any) -> Any:
         try:
             if "asyncio_tasks" not in on:
@@ -44,7 +48,7 @@ def _make_create_task(original: Callable[..., Any]) -> Callable[..., Any]:
             if kwargs and kwargs.get("context") is not None:
                 return _create_task_in_context(call, self, coro, args, kwargs)
             try:
-                snap = get_snap()
+                snap = _native[0]()
             except Exception:
                 return call(self, coro, *args, **kwargs)
             token = set_origin(snap)
@@ -70,35 +74,21 @@ def _make_create_task(original: Callable[..., Any]) -> Callable[..., Any]:
                 exc.__traceback__ = tb.tb_next
             raise
 
-    return _native_create_task(original, call, create_task) or create_task
+    _native_create_task(create_task, call)
+    return create_task
 
 
-def _native_create_task(original: Any, call: Callable[..., Any], python: Callable[..., Any]) -> Any:
-    """The native replacement (``native/carrier.h``: ``ms_create_task``, the common path of
-    ``python`` in C, with no Python call per task), where the install runs native code;
-    None elsewhere. Off its common path it calls ``python``."""
+def _native_create_task(create_task: Callable[..., Any], call: Callable[..., Any]) -> bool:
+    """Where the install runs native code: ``create_task``'s calls run ``ms_create_task``
+    (``native/carrier.h``: its common path in C, with no Python call per task; the rest by
+    evaluating ``create_task``'s code) instead of its code (its vectorcall)."""
     backend = getattr(_capture.running(), "backend", None)
     capture = getattr(backend, "capture_native", None)
     if capture is None:
-        return None
-    items = (call, python, capture, _after_create, EXITS_REPORTED, types.CoroutineType, _LOOPS, _note_loop,
+        return False
+    items = (call, capture, _after_create, EXITS_REPORTED, types.CoroutineType, _LOOPS, _note_loop,
              ON, sys.intern("asyncio_tasks"), sys.intern("name"), sys.intern("context"), sys.intern("done"), True)
-    owner = getattr(original, "__qualname__", "").rpartition(".")[0]
-    return native_create_task(getattr(backend, "native_blob", None), items, _text_signature(original), owner)
-
-
-def _text_signature(original: Any) -> Optional[str]:
-    """A builtin's docstring that gives ``inspect.signature`` ``original``'s signature."""
-    inspect = sys.modules.get("inspect")  # (asyncio imports it)
-    try:
-        text = str(inspect.signature(original)) if inspect is not None else ""
-    except Exception:
-        text = ""
-    if not text.startswith("(self"):
-        return None
-    doc = getattr(original, "__doc__", None) or ""
-    # (self, not $self: the instancemethod binds the loop as a function's first argument)
-    return f"create_task{text}\n--\n\n{doc}"
+    return native_vectorcall(getattr(backend, "native_blob", None), "ms_create_task", create_task, "_native", items)
 
 
 def _after_create(snap: Any, task: Any, coro: Any) -> None:

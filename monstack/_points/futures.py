@@ -9,7 +9,7 @@ from . import ON, capture_snapshot, binder, drop_own_entry, patch, take
 
 from .. import _capture
 from .._origin import (CO_KINDS, FUNCTION_TYPE, WithOrigin, attach_if_absent, carry, has_origin, native_carrier,
-                       native_submit)
+                       native_vectorcall)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -89,7 +89,7 @@ def _native_submit(submit: Callable[..., Any], call: Callable[..., Any]) -> bool
         return False
     items = (call, capture, ON, sys.intern("thread_pool"), pool_class, FUNCTION_TYPE, dict,
              sys.intern("_is_coroutine_marker"), sys.intern("_is_coroutine"))
-    return native_submit(getattr(backend, "native_blob", None), submit, items)
+    return native_vectorcall(getattr(backend, "native_blob", None), "ms_submit", submit, "fast", items)
 
 
 #: The pool class whose plain-function jobs take the short path, per point (set when the

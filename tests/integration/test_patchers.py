@@ -1,8 +1,9 @@
 """monstack and other patchers of threads and pools, with the real packages: Sentry's
 threading integration (sentry-sdk 2.x and 3.x), OpenTelemetry's threading and asyncio
 instrumentations (with the SDK and ``monstack.otel.OriginSpanProcessor``), wrapt, a
-``functools.wraps``-style patch, gevent's monkey-patching and ddtrace's futures patching
-(which rewrites ``ThreadPoolExecutor.submit``'s code in place), each before and after
+``functools.wraps``-style patch, gevent's monkey-patching and ddtrace's futures and asyncio
+patching (which rewrites ``ThreadPoolExecutor.submit``'s and ``BaseEventLoop.create_task``'s
+code in place), each before and after
 ``monstack.install()`` and under ``MONSTACK=1``.
 
 Each case runs ``tests/programs/patchers_app.py`` in a fresh interpreter (the tools patch
@@ -120,6 +121,8 @@ def check_effect(tool: str, res: dict, label: str) -> None:
         assert res["seen"] == {"start": [True, True, True], "submit": [True, True]}
     elif tool == "ddtrace":
         assert res["job_effect_is_parent"]  # its trace context carried into the pool's job
+        assert res["task_value"] == 7 and res["to_thread_value"] == 8 and res["task_error"] == f"boom-task-{label}"
+        assert res["task_effect_is_parent"]  # and into the task
     elif tool == "gevent":
         assert res["gevent_patched"]
 
@@ -138,9 +141,10 @@ def test_monstack_composes_with_another_patcher(tool, order):
     assert has_line(on["thread_fail_origin"], "# @thread-fail"), on
     assert has_line(on["job_origin"], "# @submit-fail"), on
     check_effect(tool, on, "on")
-    if tool == "otel-asyncio":  # the tasks' origins, and OriginSpanProcessor on each first span
+    if tool in ("otel-asyncio", "ddtrace"):  # the tasks' origins
         assert has_line(on["task_origin"], "# @task-ok") and has_line(on["task_fail_origin"], "# @task-fail"), on
         assert has_line(on["to_thread_origin"], "# @to-thread"), on
+    if tool == "otel-asyncio":  # OriginSpanProcessor on each first span
         assert {name: span["site"] for name, span in on["spans"].items()} == {
             "asyncio coro-task_ok": site("# @task-ok"), "asyncio coro-task_fail": site("# @task-fail"),
             "asyncio to_thread-in_thread": site("# @to-thread")}
@@ -149,6 +153,7 @@ def test_monstack_composes_with_another_patcher(tool, order):
         assert off["job_value"] == 42 and off["thread_failed"] == ["boom-thread-off"]
         assert off["thread_origin"] == off["thread_fail_origin"] == off["job_origin"] == []
         check_effect(tool, off, "off")
-        if tool == "otel-asyncio":
+        if tool in ("otel-asyncio", "ddtrace"):
             assert off["task_origin"] == off["task_fail_origin"] == off["to_thread_origin"] == []
+        if tool == "otel-asyncio":
             assert all(span["site"] is None for span in off["spans"].values())

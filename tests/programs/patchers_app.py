@@ -75,7 +75,8 @@ def tool_on() -> None:
         import ddtrace
         from ddtrace.trace import tracer
 
-        ddtrace.patch(futures=True)  # ThreadPoolExecutor.submit, rewritten in place (its __code__)
+        # ThreadPoolExecutor.submit and BaseEventLoop.create_task, rewritten in place (their __code__)
+        ddtrace.patch(futures=True, asyncio=True)
         out["version"] = ddtrace.__version__
         otel.update(tracer=tracer)
     elif TOOL == "wrapt":
@@ -206,7 +207,7 @@ def run_work(label: str) -> dict:
                 job_error = None
             except KeyError as exc:
                 job_error = exc
-        if TOOL == "otel-asyncio":
+        if TOOL in ("otel-asyncio", "ddtrace"):
             tasks = run_tasks(label)
     finally:
         if TOOL in ("otel", "otel-asyncio", "ddtrace"):
@@ -231,7 +232,9 @@ def run_work(label: str) -> dict:
                     "site": span.attributes.get("monstack.created_at"),
                 }
     if TOOL == "ddtrace":
+        res.update(tasks)
         res["job_effect_is_parent"] = got.get("job_effect") == parent.span_id
+        res["task_effect_is_parent"] = tasks.get("task_effect") == parent.span_id
     if TOOL in ("otel", "otel-asyncio"):
         res["effect_is_parent"] = got.get("effect") == parent.get_span_context().span_id
         res["job_effect_is_parent"] = got.get("job_effect") == parent.get_span_context().span_id

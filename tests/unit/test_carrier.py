@@ -288,24 +288,70 @@ async def origin_inside():
     return monstack.current_origin()
 
 
-def test_the_loop_gets_the_native_create_task_where_native_code_runs(loop_installed):
-    import asyncio
+def test_the_loop_runs_the_native_create_task_where_native_code_runs(loop_installed):
     import inspect
 
     replacement = installed_create_task()
+    assert type(replacement) is types.FunctionType  # still a Python function, for other tools
+
+    async def main():
+        ran, task = python_calls_of(replacement.__code__, lambda: loop_installed.create_task(origin_inside()))  # @direct_task
+        return ran, await task
+
+    ran, origin = loop_installed.run_until_complete(main())
+    assert innermost_line(origin) == line_of("@direct_task")
     if native_expected():
-        assert type(replacement).__name__ == "instancemethod", _origin.native_carrier_why
+        address = _capture.running().backend.native_blob.addr("ms_create_task")
+        assert _origin.vectorcall_of(replacement) == address, _origin.native_carrier_why
+        assert ran == 0  # its code did not run: the native create_task did its work
     else:
-        assert inspect.isfunction(replacement)
-    original = asyncio.base_events.BaseEventLoop.create_task.__wrapped__ if inspect.isfunction(replacement) else None
+        assert ran == 1
     # it answers inspect as the original does
     monstack.uninstall()
     plain = inspect.signature(loop_installed.create_task)
     monstack.install()
     assert inspect.signature(loop_installed.create_task) == plain
     assert loop_installed.create_task.__qualname__ == "BaseEventLoop.create_task"
-    assert repr(loop_installed.create_task).startswith("<bound method BaseEventLoop.create_task of <")
-    assert original is None or inspect.signature(original).parameters.keys() >= {"coro"}
+
+
+def test_a_create_task_rewritten_in_place_runs_its_new_code(loop_installed):
+    """A tool that wraps functions by rewriting their code in place (ddtrace): the native
+    create_task runs that code, not its own common path."""
+    replacement = installed_create_task()
+    code = replacement.__code__
+    rewritten = code.replace(co_name="rewritten")
+    replacement.__code__ = rewritten
+    try:
+        async def main():
+            ran, task = python_calls_of(rewritten, lambda: loop_installed.create_task(origin_inside()))  # @rewritten_task
+            return ran, await task
+
+        ran, origin = loop_installed.run_until_complete(main())
+        assert ran == 1
+        assert innermost_line(origin) == line_of("@rewritten_task")
+    finally:
+        replacement.__code__ = code
+
+
+def test_a_create_task_without_its_holder_raises_and_never_crashes(loop_installed):
+    if not native_expected():
+        pytest.skip("the native create_task's holder")
+    replacement = installed_create_task()
+    cell = replacement.__closure__[replacement.__code__.co_freevars.index("_native")].cell_contents
+    holder = cell[1]
+    coro = origin_inside()
+    try:
+        cell[1] = None
+        with pytest.raises(SystemError):
+            loop_installed.create_task(coro)
+    finally:
+        cell[1] = holder
+        coro.close()
+
+    async def main():
+        return await loop_installed.create_task(origin_inside())  # @after_holder
+
+    assert innermost_line(loop_installed.run_until_complete(main())) == line_of("@after_holder")
 
 
 def test_a_task_runs_and_fails_under_its_creation_origin(loop_installed):
