@@ -301,6 +301,33 @@ static inline PyObject *nr_holder(PyFunctionObject *self, Py_ssize_t cell, Py_ss
     return holder;
 }
 
+/* capture(): the snapshot (a new reference); NULL with *dropped set where it raised an
+ * Exception (dropped: the work goes on without an origin, as in Python), NULL alone where
+ * it raised anything else (KeyboardInterrupt and the like: it propagates). */
+static PyObject *nr_capture(struct mc_ctx *c, PyObject *capture, int *dropped)
+{
+    PyObject *snap = c->PyObject_Vectorcall(capture, NULL, 0, NULL);
+    if (snap != NULL) {
+        return snap;
+    }
+    PyObject *type = NULL, *value = NULL, *tb = NULL;
+    c->PyErr_Fetch(&type, &value, &tb);
+    c->PyErr_NormalizeException(&type, &value, &tb);
+    if (value == NULL || !c->PyErr_GivenExceptionMatches(value, c->exception)) {
+        c->PyErr_Restore(type, value, tb);
+        return NULL;
+    }
+    if (type != NULL) {
+        ms_decref(type);
+    }
+    ms_decref(value);
+    if (tb != NULL) {
+        ms_decref(tb);
+    }
+    *dropped = 1;
+    return NULL;
+}
+
 /* ------------------------------------------------------------------ create_task */
 
 /* The native create_task: what the Python replacement of the event loop's create_task
@@ -387,23 +414,10 @@ PyObject *ms_create_task(PyObject *self, PyObject *const *args, size_t nargsf, P
     }
 
     /* snap = capture(); on an Exception: call through, with no origin */
-    PyObject *snap = c->PyObject_Vectorcall(CT(CT_CAPTURE), NULL, 0, NULL);
+    int dropped = 0;
+    PyObject *snap = nr_capture(c, CT(CT_CAPTURE), &dropped);
     if (snap == NULL) {
-        PyObject *type = NULL, *value = NULL, *tb = NULL;
-        c->PyErr_Fetch(&type, &value, &tb);
-        c->PyErr_NormalizeException(&type, &value, &tb);
-        if (value == NULL || !c->PyErr_GivenExceptionMatches(value, c->exception)) {
-            c->PyErr_Restore(type, value, tb); /* (KeyboardInterrupt and the like) */
-            return NULL;
-        }
-        if (type != NULL) {
-            ms_decref(type);
-        }
-        ms_decref(value);
-        if (tb != NULL) {
-            ms_decref(tb);
-        }
-        return c->PyObject_Vectorcall(call, args, nargsf, kwnames);
+        return dropped ? c->PyObject_Vectorcall(call, args, nargsf, kwnames) : NULL;
     }
     if (snap == c->none) {
         ms_decref(snap);
@@ -553,23 +567,10 @@ PyObject *ms_submit(PyObject *self, PyObject *const *args, size_t nargsf, PyObje
     }
 
     /* snap = capture(); on an Exception: call through with fn unwrapped */
-    PyObject *snap = c->PyObject_Vectorcall(SB(SB_CAPTURE), NULL, 0, NULL);
+    int dropped = 0;
+    PyObject *snap = nr_capture(c, SB(SB_CAPTURE), &dropped);
     if (snap == NULL) {
-        PyObject *type = NULL, *value = NULL, *tb = NULL;
-        c->PyErr_Fetch(&type, &value, &tb);
-        c->PyErr_NormalizeException(&type, &value, &tb);
-        if (value == NULL || !c->PyErr_GivenExceptionMatches(value, c->exception)) {
-            c->PyErr_Restore(type, value, tb); /* (KeyboardInterrupt and the like) */
-            return NULL;
-        }
-        if (type != NULL) {
-            ms_decref(type);
-        }
-        ms_decref(value);
-        if (tb != NULL) {
-            ms_decref(tb);
-        }
-        return c->PyObject_Vectorcall(call, args, nargsf, kwnames);
+        return dropped ? c->PyObject_Vectorcall(call, args, nargsf, kwnames) : NULL;
     }
     PyObject *pair[2] = {fn, snap};
     PyObject *carrier = ms_carrier_new(table, pair, 2);

@@ -354,6 +354,35 @@ def test_a_create_task_without_its_holder_raises_and_never_crashes(loop_installe
     assert innermost_line(loop_installed.run_until_complete(main())) == line_of("@after_holder")
 
 
+def test_an_error_of_the_snapshot_gives_a_task_without_origin(loop_installed):
+    if not native_expected():
+        pytest.skip("the native create_task's holder")
+    replacement = installed_create_task()
+    cell = replacement.__closure__[replacement.__code__.co_freevars.index("_native")].cell_contents
+    holder = cell[1]
+    capture_at = holder.index(_capture.running().backend.capture_native)
+
+    def failing_capture():
+        raise RuntimeError("no snapshot")
+
+    def stopping_capture():
+        raise Stop()
+
+    async def main():
+        return await loop_installed.create_task(origin_inside())
+
+    try:
+        cell[1] = holder[:capture_at] + (failing_capture,) + holder[capture_at + 1:]
+        assert loop_installed.run_until_complete(main()) is None
+        cell[1] = holder[:capture_at] + (stopping_capture,) + holder[capture_at + 1:]
+        coro = origin_inside()
+        with pytest.raises(Stop):
+            loop_installed.create_task(coro)
+        coro.close()
+    finally:
+        cell[1] = holder
+
+
 def test_a_task_runs_and_fails_under_its_creation_origin(loop_installed):
     async def main():
         inside = await loop_installed.create_task(origin_inside())  # @inside
