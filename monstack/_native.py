@@ -457,21 +457,20 @@ def _method_def(address: int, name: str, flags: int, doc: Optional[str]) -> int:
     return at
 
 
-def cached_function(blob: Blob, symbol: str, name: str, flags: int = METH_FASTCALL, self_obj: Any = None,
-                    doc: Optional[str] = None) -> Callable:
-    """Like ``Blob.function`` but one def per (blob, symbol, name, flags, doc) for the
-    process: use it for functions made repeatedly (one per install) so defs do not pile up."""
-    key = (blob.name, symbol, name, flags, doc)
+def cached_function(blob: Blob, symbol: str, name: str, flags: int = METH_FASTCALL, self_obj: Any = None) -> Callable:
+    """Like ``Blob.function`` but one def per (blob, symbol, name, flags) for the process:
+    use it for functions made repeatedly (one per install) so defs do not pile up."""
+    key = (blob.name, symbol, name, flags)
     with _lock:
         at = _DEFS.get(key)
         if at is None:
-            fn = make_function(blob.addr(symbol), name, flags, self_obj, doc)
+            fn = make_function(blob.addr(symbol), name, flags, self_obj)
             _DEFS[key] = _FOREVER[-1][0]
             return fn
     return _PyCFunction_NewEx(at, id(self_obj), None)
 
 
-#: (blob, symbol, name, flags, doc) -> the address of its method def (kept forever)
+#: (blob, symbol, name, flags) -> the address of its method def (kept forever)
 _DEFS: Dict[tuple, int] = {}
 
 
