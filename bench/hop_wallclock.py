@@ -14,14 +14,21 @@ context too), ``nopropagate``. ``MODE@DIR`` runs the monstack found in DIR (a ch
 compare with: ``default@/tmp/old``); otherwise the one of this checkout (children run with
 ``-P``: the current directory never shadows it). ``ACC=0``/``1``: ``accelerator=``.
 ``CPU=1``: the process's CPU time (every thread's) instead of the wall clock: what the hops
-cost, less what waiting on a loaded box adds. Example::
+cost, less what waiting on a loaded box adds. ``PIN=1`` (a CPU number, or several, comma-
+separated): each child runs on those CPUs only (``sched_setaffinity``): the pool's threads
+then take turns on one core instead of racing on two, which takes the per-round spread of a
+pool measurement from about +-0.5x to +-0.1x. ``GC=0``: the collector disabled in the
+children. Examples::
 
     python3.12 bench/hop_wallclock.py asyncio 7 off default filtered floor
+    PIN=1 CPU=1 python3.14 bench/hop_wallclock.py pool 9 off default floor nopropagate
 """
 import json, os, subprocess, sys, time, statistics
 
 CHILD = r'''
 import sys, time, types, json, os
+if os.environ.get("PIN"):
+    os.sched_setaffinity(0, {int(c) for c in os.environ["PIN"].split(",")})
 wl, mode, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
 SRC = """
 import asyncio
@@ -89,6 +96,8 @@ if mode != "off":
             cft.ThreadPoolExecutor.submit = submit
     elif mode == "nopropagate":
         monstack.install(propagate=False, **kw)
+if os.environ.get("GC") == "0":
+    import gc; gc.disable()
 ex = ThreadPoolExecutor(4) if wl == "pool" else None
 clock = time.process_time if os.environ.get("CPU") == "1" else time.perf_counter
 def run():
@@ -121,7 +130,8 @@ def main():
                 print(out.stderr); sys.exit(1)
             res[m].append(float(out.stdout.strip().splitlines()[-1]))
     base = res["off"]
-    print(f"{sys.version.split()[0]} {wl} n={n} rounds={rounds} ACC={os.environ.get('ACC','auto')}" + (" (CPU time)" if os.environ.get("CPU") == "1" else ""))
+    print(f"{sys.version.split()[0]} {wl} n={n} rounds={rounds} ACC={os.environ.get('ACC','auto')}" + (" (CPU time)" if os.environ.get("CPU") == "1" else "")
+          + (f" PIN={os.environ['PIN']}" if os.environ.get("PIN") else "") + (" GC=0" if os.environ.get("GC") == "0" else ""))
     for m in modes:
         ratios = [a / b for a, b in zip(res[m], base)]
         us = statistics.median(res[m]) / n * 1e6
