@@ -391,3 +391,70 @@ def test_opqueue_parts_builds_a_variant_that_loads_and_measures_it():
     assert [r[0] for r in rows] == ["shipped", "call-only"], out.stdout
     for r in rows:
         assert 0.5 < float(r[1]) < 3 and 0.5 < float(r[2]) < 3, out.stdout
+
+
+def _pool_parts():
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    path = os.path.join(root, "bench", "experiments", "pool_parts.py")
+    spec = importlib.util.spec_from_file_location("monstack_pool_parts", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return root, path, mod
+
+
+def test_pool_parts_edits_still_apply_to_the_native_source():
+    """bench/experiments/pool_parts.py takes the native submit and carrier apart by editing
+    native/carrier.h: each edit must still find its text exactly once, in order (update
+    EDITS when the source changes), and the tool refuses one that does not, in one line."""
+    root, _path, parts = _pool_parts()
+    with open(os.path.join(root, "native", "carrier.h")) as f:
+        text = f.read()
+    assert parts.edited_source(text, "shipped") == text
+    for variant, edits in parts.EDITS.items():
+        edited = parts.edited_source(text, variant)
+        assert edited != text and all(edited.count(new) == 1 for _old, new in edits), variant
+    with pytest.raises(parts.Refused, match="no-carrier: its edit no longer applies"):
+        parts.edited_source(text.replace(parts.EDITS["no-carrier"][0][0], ""), "no-carrier")
+
+
+def test_pool_parts_refuses_bad_input_in_one_line():
+    _root, path, _parts = _pool_parts()
+    for args, msg in ((["variants", "--only", "bogus"], "unknown variant 'bogus'"),
+                      (["variants", "--procs", "0"], "--procs must be at least 1"),
+                      (["variants", "--cpu", "100000"], "--cpu 100000: not one of the CPUs")):
+        out = subprocess.run([sys.executable, path, *args], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 2 and out.stdout == "", out
+        assert out.stderr.startswith("pool_parts: ") and out.stderr.count("\n") == 1, out.stderr
+        if not out.stderr.startswith("pool_parts: the variants are of the sysmon blob"):  # (3.11)
+            assert out.stderr.startswith(f"pool_parts: {msg}"), out.stderr
+
+
+def test_pool_parts_builds_a_variant_that_loads_and_measures_it():
+    """One variant built, loaded natively and measured (one process each): the tool works
+    on this checkout. Needs the compiler and headers of the running CPython's blob."""
+    from conftest import CONFIG
+
+    root, path, parts = _pool_parts()
+    try:
+        blob = parts.blob_name()
+    except parts.Refused as exc:
+        pytest.skip(str(exc))
+    if CONFIG == "python":
+        pytest.skip("the variants measure the native carrier (this configuration turns native code off)")
+    sys.path.insert(0, os.path.join(root, "tests", "unit"))  # test_native's loader of native/build.py
+    from test_native import _build_module
+
+    build = _build_module()
+    t = build.target(blob)
+    why = build.why_not(t, "x86_64", build.find_include(t.python, t.headers))
+    if why:
+        pytest.skip(why)
+    out = subprocess.run([sys.executable, path, "variants", "--only", "no-state", "--procs", "1"],
+                         capture_output=True, text=True, timeout=300,
+                         env=dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", "")))
+    assert out.returncode == 0, out.stdout + out.stderr
+    rows = [ln.split() for ln in out.stdout.splitlines()[2:]]
+    assert [r[0] for r in rows] == ["off", "shipped", "no-state"], out.stdout
+    for r in rows:
+        assert len(r) == 8 and 0.3 < float(r[1]) < 100 and 0.3 < float(r[5]) < 100, out.stdout
+        assert r[7].endswith("x") and float(r[7][:-1]) > 0, out.stdout
