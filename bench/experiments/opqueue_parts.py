@@ -39,7 +39,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -47,7 +46,8 @@ import sys
 import tempfile
 from typing import Dict, List, Tuple
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _variants import ROOT, Refused, blob_name, last_line, make_tree  # noqa: E402
 OPQUEUE = os.path.join(ROOT, "bench", "opqueue_cost.py")
 
 _CAPTURE_BUILD = """    PyObject *snap = ms_build_snapshot(st, 0);
@@ -110,10 +110,6 @@ EDITS: Dict[str, Tuple[str, str]] = {
 VARIANTS = ["shipped", *EDITS]
 
 
-class Refused(Exception):
-    """A one-line reason this experiment cannot run here."""
-
-
 def edited_source(text: str, variant: str) -> str:
     """native/sysmon.c's ``text`` as ``variant`` builds it."""
     if variant == "shipped":
@@ -124,55 +120,11 @@ def edited_source(text: str, variant: str) -> str:
     return text.replace(old, new)
 
 
-def blob_name() -> str:
-    v = sys.version_info
-    if not (3, 12) <= v[:2] <= (3, 15):
-        raise Refused(f"the variants are of the sysmon blob, CPython 3.12-3.15 (this is {v[0]}.{v[1]})")
-    if not sys.platform.startswith("linux") or platform.machine() != "x86_64":
-        raise Refused("the variants are built for x86-64 Linux only")
-    return f"sysmon{v[0]}{v[1]}"
-
-
-def make_tree(dest: str, variant: str, blob: str) -> str:
-    """A copy of the checkout's monstack/ and native/ under dest/variant, its blob rebuilt."""
-    tree = os.path.join(dest, variant)
-    ignore = shutil.ignore_patterns("__pycache__")
-    for part in ("monstack", "native"):
-        shutil.copytree(os.path.join(ROOT, part), os.path.join(tree, part), ignore=ignore)
-    src = os.path.join(tree, "native", "sysmon.c")
-    with open(src) as f:
-        text = f.read()
-    with open(src, "w") as f:
-        f.write(edited_source(text, variant))
-    # shipped too: every variant from the same compiler and headers
-    proc = subprocess.run(
-        [sys.executable, os.path.join(tree, "native", "build.py"), "--only", blob, "--arch", "x86_64",
-         "--out", os.path.join(tree, "monstack", "_native")],
-        capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise Refused(f"{variant}: native/build.py failed: {_last(proc.stderr or proc.stdout)}")
-    info = subprocess.run([sys.executable, "-m", "monstack", "info"], capture_output=True, text=True,
-                          env=dict(os.environ, PYTHONPATH=tree), cwd=dest)
-    if "accelerator: native" not in info.stdout:
-        raise Refused(f"{variant}: the native callbacks do not load from the copy "
-                      f"({_line(info.stdout, 'accelerator:')})")
-    return tree
-
-
-def _last(text: str) -> str:
-    lines = text.strip().splitlines()
-    return lines[-1] if lines else "no output"
-
-
-def _line(text: str, prefix: str) -> str:
-    return next((ln.strip() for ln in text.splitlines() if ln.strip().startswith(prefix)), "no such line")
-
-
 def variants(names: List[str], procs: int, pairs: int, keep: str) -> None:
     blob = blob_name()
     dest = os.path.abspath(keep) if keep else tempfile.mkdtemp(prefix="opqueue-parts-")
     try:
-        trees = {v: make_tree(dest, v, blob) for v in names}
+        trees = {v: make_tree(dest, v, blob, "sysmon.c", lambda text, v=v: edited_source(text, v)) for v in names}
         got: Dict[str, List[dict]] = {v: [] for v in names}
         out = os.path.join(dest, "pairs.json")
         for i in range(procs):
@@ -180,7 +132,7 @@ def variants(names: List[str], procs: int, pairs: int, keep: str) -> None:
                 proc = subprocess.run([sys.executable, OPQUEUE, "pairs-json", str(pairs), out],
                                       env=dict(os.environ, PYTHONPATH=trees[v]), stderr=subprocess.PIPE, text=True)
                 if proc.returncode != 0:
-                    raise Refused(f"{v}: the measuring process failed: {_last(proc.stderr)}")
+                    raise Refused(f"{v}: the measuring process failed: {last_line(proc.stderr)}")
                 with open(out) as f:
                     d = json.load(f)
                 if not d.pop("monstack").startswith(trees[v]):

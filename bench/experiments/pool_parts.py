@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -42,7 +41,8 @@ import sys
 import tempfile
 from typing import Dict, List, Tuple
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _variants import Refused, blob_name, last_line, make_tree  # noqa: E402
 
 _RUNNING_SET = """    PyObject *ident = c->PyLong_FromUnsignedLong(c->PyThread_get_thread_ident());
     if (ident == NULL) {
@@ -146,10 +146,6 @@ print(json.dumps({"submit": best[0] / N * 1e6, "total": best[1] / N * 1e6,
 """
 
 
-class Refused(Exception):
-    """A one-line reason this experiment cannot run here."""
-
-
 def edited_source(text: str, variant: str) -> str:
     """native/carrier.h's ``text`` as ``variant`` builds it."""
     for old, new in EDITS.get(variant, []):
@@ -159,54 +155,11 @@ def edited_source(text: str, variant: str) -> str:
     return text
 
 
-def blob_name() -> str:
-    v = sys.version_info
-    if not (3, 12) <= v[:2] <= (3, 15):
-        raise Refused(f"the variants are of the sysmon blob, CPython 3.12-3.15 (this is {v[0]}.{v[1]})")
-    if not sys.platform.startswith("linux") or platform.machine() != "x86_64":
-        raise Refused("the variants are built for x86-64 Linux only")
-    return f"sysmon{v[0]}{v[1]}"
-
-
-def make_tree(dest: str, variant: str, blob: str) -> str:
-    """A copy of the checkout's monstack/ and native/ under dest/variant, its blob rebuilt."""
-    tree = os.path.join(dest, variant)
-    ignore = shutil.ignore_patterns("__pycache__")
-    for part in ("monstack", "native"):
-        shutil.copytree(os.path.join(ROOT, part), os.path.join(tree, part), ignore=ignore)
-    src = os.path.join(tree, "native", "carrier.h")
-    with open(src) as f:
-        text = f.read()
-    with open(src, "w") as f:
-        f.write(edited_source(text, variant))
-    proc = subprocess.run(
-        [sys.executable, os.path.join(tree, "native", "build.py"), "--only", blob, "--arch", "x86_64",
-         "--out", os.path.join(tree, "monstack", "_native")],
-        capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise Refused(f"{variant}: native/build.py failed: {_last(proc.stderr or proc.stdout)}")
-    info = subprocess.run([sys.executable, "-m", "monstack", "info"], capture_output=True, text=True,
-                          env=dict(os.environ, PYTHONPATH=tree), cwd=dest)
-    if "accelerator: native" not in info.stdout:
-        raise Refused(f"{variant}: the native callbacks do not load from the copy "
-                      f"({_line(info.stdout, 'accelerator:')})")
-    return tree
-
-
-def _last(text: str) -> str:
-    lines = text.strip().splitlines()
-    return lines[-1] if lines else "no output"
-
-
-def _line(text: str, prefix: str) -> str:
-    return next((ln.strip() for ln in text.splitlines() if ln.strip().startswith(prefix)), "no such line")
-
-
 def _measure(tree: str, mode: str, cpu: int, dest: str) -> dict:
     proc = subprocess.run([sys.executable, "-c", CHILD, mode, str(cpu)], capture_output=True, text=True,
                           env=dict(os.environ, PYTHONPATH=tree), cwd=dest)
     if proc.returncode != 0:
-        raise Refused(f"the measuring process failed: {_last(proc.stderr)}")
+        raise Refused(f"the measuring process failed: {last_line(proc.stderr)}")
     got: dict = json.loads(proc.stdout.strip().splitlines()[-1])
     if mode == "on" and not got["monstack"].startswith(tree):
         raise Refused("the measuring process imported another monstack")
@@ -217,7 +170,7 @@ def variants(names: List[str], procs: int, cpu: int, keep: str) -> None:
     blob = blob_name()
     dest = os.path.abspath(keep) if keep else tempfile.mkdtemp(prefix="pool-parts-")
     try:
-        trees = {v: make_tree(dest, v, blob) for v in names}
+        trees = {v: make_tree(dest, v, blob, "carrier.h", lambda text, v=v: edited_source(text, v)) for v in names}
         runs = ["off", *names]
         got: Dict[str, List[dict]] = {v: [] for v in runs}
         for i in range(procs):

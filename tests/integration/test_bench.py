@@ -329,13 +329,39 @@ def test_312_code_once_monitored_loses_its_superinstructions_for_good():
     assert "LOAD_FAST__LOAD_FAST" not in ops()
 
 
-def _opqueue_parts():
+def _experiment(name: str):
+    """(checkout root, path, module) of bench/experiments/NAME.py."""
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    path = os.path.join(root, "bench", "experiments", "opqueue_parts.py")
-    spec = importlib.util.spec_from_file_location("monstack_opqueue_parts", path)
+    path = os.path.join(root, "bench", "experiments", f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"monstack_{name}", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return root, path, mod
+
+
+def _opqueue_parts():
+    return _experiment("opqueue_parts")
+
+
+def _skip_unless_the_blob_builds(root: str, parts) -> None:
+    """Skip unless a ``*_parts.py`` experiment can build the running CPython's native blob
+    here and this configuration runs native code."""
+    from conftest import CONFIG
+
+    try:
+        blob = parts.blob_name()
+    except parts.Refused as exc:
+        pytest.skip(str(exc))
+    if CONFIG == "python":
+        pytest.skip("the variants measure native code (this configuration turns it off)")
+    sys.path.insert(0, os.path.join(root, "tests", "unit"))  # test_native's loader of native/build.py
+    from test_native import _build_module
+
+    build = _build_module()
+    t = build.target(blob)
+    why = build.why_not(t, "x86_64", build.find_include(t.python, t.headers))
+    if why:
+        pytest.skip(why)
 
 
 def test_opqueue_parts_edits_still_apply_to_the_native_source():
@@ -366,23 +392,8 @@ def test_opqueue_parts_refuses_bad_input_in_one_line():
 def test_opqueue_parts_builds_a_variant_that_loads_and_measures_it():
     """One variant built, loaded natively and measured (one process, one pair): the tool
     works on this checkout. Needs the compiler and headers of the running CPython's blob."""
-    from conftest import CONFIG
-
     root, path, parts = _opqueue_parts()
-    try:
-        blob = parts.blob_name()
-    except parts.Refused as exc:
-        pytest.skip(str(exc))
-    if CONFIG == "python":
-        pytest.skip("the variants measure the native callbacks (this configuration turns them off)")
-    sys.path.insert(0, os.path.join(root, "tests", "unit"))  # test_native's loader of native/build.py
-    from test_native import _build_module
-
-    build = _build_module()
-    t = build.target(blob)
-    why = build.why_not(t, "x86_64", build.find_include(t.python, t.headers))
-    if why:
-        pytest.skip(why)
+    _skip_unless_the_blob_builds(root, parts)
     out = subprocess.run([sys.executable, path, "variants", "--only", "call-only", "--procs", "1", "--pairs", "1"],
                          capture_output=True, text=True, timeout=300,
                          env=dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", "")))
@@ -394,12 +405,7 @@ def test_opqueue_parts_builds_a_variant_that_loads_and_measures_it():
 
 
 def _pool_parts():
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    path = os.path.join(root, "bench", "experiments", "pool_parts.py")
-    spec = importlib.util.spec_from_file_location("monstack_pool_parts", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return root, path, mod
+    return _experiment("pool_parts")
 
 
 def test_pool_parts_edits_still_apply_to_the_native_source():
@@ -432,23 +438,8 @@ def test_pool_parts_refuses_bad_input_in_one_line():
 def test_pool_parts_builds_a_variant_that_loads_and_measures_it():
     """One variant built, loaded natively and measured (one process each): the tool works
     on this checkout. Needs the compiler and headers of the running CPython's blob."""
-    from conftest import CONFIG
-
     root, path, parts = _pool_parts()
-    try:
-        blob = parts.blob_name()
-    except parts.Refused as exc:
-        pytest.skip(str(exc))
-    if CONFIG == "python":
-        pytest.skip("the variants measure the native carrier (this configuration turns native code off)")
-    sys.path.insert(0, os.path.join(root, "tests", "unit"))  # test_native's loader of native/build.py
-    from test_native import _build_module
-
-    build = _build_module()
-    t = build.target(blob)
-    why = build.why_not(t, "x86_64", build.find_include(t.python, t.headers))
-    if why:
-        pytest.skip(why)
+    _skip_unless_the_blob_builds(root, parts)
     out = subprocess.run([sys.executable, path, "variants", "--only", "no-state", "--procs", "1"],
                          capture_output=True, text=True, timeout=300,
                          env=dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", "")))
