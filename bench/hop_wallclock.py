@@ -115,7 +115,22 @@ print(json.dumps(min(best)))
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def refuse(why):
+    print(f"hop_wallclock: {why}", file=sys.stderr)
+    sys.exit(2)
+
+
 def main():
+    if len(sys.argv) < 4 or sys.argv[1] not in ("asyncio", "pool") or not sys.argv[2].isdigit() or int(sys.argv[2]) < 1:
+        refuse("usage: hop_wallclock.py asyncio|pool ROUNDS MODE... (ROUNDS at least 1; see the docstring)")
+    if "off" not in sys.argv[3:]:
+        refuse("the modes must include off (the base of every ratio)")
+    pin = os.environ.get("PIN")
+    if pin:
+        allowed = os.sched_getaffinity(0)
+        cpus = [c.strip() for c in pin.split(",")]
+        if not all(c.isdigit() and int(c) in allowed for c in cpus):
+            refuse(f"PIN={pin}: not a comma-separated list of the CPUs this process may use ({sorted(allowed)})")
     wl, rounds, modes = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
     n = int(os.environ.get("N", 5000 if wl == "asyncio" else 2000))
     py = sys.executable

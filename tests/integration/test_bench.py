@@ -449,3 +449,17 @@ def test_pool_parts_builds_a_variant_that_loads_and_measures_it():
     for r in rows:
         assert len(r) == 8 and 0.3 < float(r[1]) < 100 and 0.3 < float(r[5]) < 100, out.stdout
         assert r[7].endswith("x") and float(r[7][:-1]) > 0, out.stdout
+
+
+def test_hop_wallclock_refuses_bad_input_in_one_line():
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    path = os.path.join(root, "bench", "hop_wallclock.py")
+    for args, env, msg in ((["pool", "0", "off"], {}, "usage: "),
+                           (["nothing", "1", "off"], {}, "usage: "),
+                           (["pool", "1", "default"], {}, "the modes must include off"),
+                           (["pool", "1", "off"], {"PIN": "100000"}, "PIN=100000: not a comma-separated list"),
+                           (["pool", "1", "off"], {"PIN": "x"}, "PIN=x: not a comma-separated list")):
+        out = subprocess.run([sys.executable, path, *args], capture_output=True, text=True, timeout=60,
+                             env=dict(os.environ, **env))
+        assert out.returncode == 2 and out.stdout == "", out
+        assert out.stderr.startswith(f"hop_wallclock: {msg}") and out.stderr.count("\n") == 1, out.stderr
