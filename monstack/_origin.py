@@ -31,7 +31,7 @@ from _contextvars import Context
 from _weakref import ref as _weakref
 
 from . import _capture
-from ._snapshot import CURRENT_ORIGIN, RUNNING, Snapshot
+from ._snapshot import CURRENT_ORIGIN, RUNNING, Snapshot, running_cell
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -62,7 +62,6 @@ _SIDE: dict[int, tuple] = {}
 
 _get_ident = _thread.get_ident
 _running_get = RUNNING.get
-_running_pop = RUNNING.pop
 _set_origin = CURRENT_ORIGIN.set
 _reset_origin = CURRENT_ORIGIN.reset
 
@@ -102,10 +101,12 @@ class WithOrigin:
 
     def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
         snap = self._snap
+        cell = _running_get(_get_ident())  # (for other threads: threads(), dump())
+        if type(cell) is not list or len(cell) != 1:
+            cell = running_cell()
         token = _set_origin(snap)
-        ident = _get_ident()  # (for other threads: monstack.threads(), dump())
-        prev = _running_get(ident)
-        RUNNING[ident] = snap
+        prev = cell[0]
+        cell[0] = snap
         try:
             return self.__wrapped__(*args, **kwargs)
         except Exception as exc:
@@ -116,10 +117,10 @@ class WithOrigin:
             drop_own_entry(exc, sys._getframe())
             raise
         finally:
-            if prev is None:  # (a new thread, or one between jobs: no entry left behind)
-                _running_pop(ident, None)
-            else:
-                RUNNING[ident] = prev
+            try:
+                cell[0] = prev
+            except IndexError:  # (emptied meanwhile: left as it is)
+                pass
             try:
                 _reset_origin(token)
             except Exception:  # entered another context in between: leave it be
@@ -350,8 +351,9 @@ def _set_up_native(blob: Any) -> Callable[..., Any]:
     if len(offsets) != 3 or words[-1] != id(table_marker):
         raise RuntimeError("carrier instances are not laid out as the native carrier expects")
     del probe
-    objects = {"var": CURRENT_ORIGIN, "running": RUNNING, "attach": attach_if_absent, "exception": Exception,
-               "none": None, "type_error": TypeError, "attribute_error": AttributeError, "cls": cls}
+    objects = {"var": CURRENT_ORIGIN, "cell_here": running_cell, "cell_key": sys.intern(f"monstack.running_cell.{id(RUNNING):x}"),
+               "list": list, "attach": attach_if_absent, "exception": Exception, "none": None,
+               "type_error": TypeError, "attribute_error": AttributeError, "cls": cls}
     order = sys.byteorder
     fields = bytearray(size)
     fields[0:8] = _CARRIER_MAGIC.to_bytes(8, order)
@@ -580,16 +582,19 @@ class origin:
         if self._token is not None:
             raise RuntimeError("this monstack.origin() block is already entered")
         self._token = CURRENT_ORIGIN.set(self._snap)
-        ident = _get_ident()
-        self._prev = (ident, _running_get(ident))
-        RUNNING[ident] = self._snap
+        cell = running_cell()
+        self._prev = (cell, cell[0])
+        cell[0] = self._snap
         return self._snap
 
     def __exit__(self, typ: Any, exc: Optional[BaseException], tb: Any) -> None:
         token, self._token = self._token, None
         prev, self._prev = self._prev, None
         if prev is not None:
-            RUNNING[prev[0]] = prev[1]
+            try:
+                prev[0][0] = prev[1]
+            except IndexError:  # (emptied meanwhile: left as it is)
+                pass
         if isinstance(exc, Exception) and self._snap is not None:
             attach_if_absent(exc, self._snap)
         if token is not None:

@@ -11,6 +11,8 @@ made, so a snapshot restored on another machine never shows a line read from a l
 from __future__ import annotations
 
 from _contextvars import ContextVar
+from _thread import _local
+from _thread import get_ident as _get_ident
 
 from . import _stack
 
@@ -34,12 +36,61 @@ CURRENT_ORIGIN: "ContextVar[Optional[Snapshot]]" = ContextVar(
     "monstack_current_origin", default=None
 )
 
-#: ident -> the origin of the work that thread is running now, for other threads to read
-#: (``monstack.threads()``): ``CURRENT_ORIGIN`` is invisible outside its thread. Each
-#: wrapper that runs work with an origin (``_origin``, ``_propagate``) sets its own
-#: thread's key and restores it after (one dict store each way: atomic under the GIL;
-#: a pool worker between jobs keeps a None entry, a thread's own start wrapper removes it).
+#: ident -> that thread's cell: a list of one item, the origin of the work the thread is
+#: running now (None between jobs), for other threads to read (``monstack.threads()``):
+#: ``CURRENT_ORIGIN`` is invisible outside its thread. Each wrapper that runs work with an
+#: origin (``_origin``; the native carrier, which keeps the cell in its thread-state dict)
+#: stores into its own thread's cell and puts back what it held after (one list store each
+#: way: atomic under the GIL). Only ``running_cell()`` makes a cell; a cell is never
+#: replaced by another list (one made unusable is repaired in place: the native carrier
+#: holds it), and it leaves with its thread (``_CellGuard``).
 RUNNING: dict = {}
+_running_get = RUNNING.get
+#: Per thread, the guard that takes the thread's cell out of ``RUNNING`` when it ends.
+_GUARDS = _local()
+
+
+class _CellGuard:
+    """Held by a thread-local of the thread it guards, so freed when that thread's state
+    is cleared (the thread ends): its cell then leaves ``RUNNING``, unless the entry is
+    another thread's by now (idents are reused), and is emptied, so that a native carrier
+    still holding it (where the thread-local is per greenlet: gevent) asks
+    ``running_cell()`` for the current one."""
+
+    __slots__ = ("ident", "cell")
+
+    def __init__(self, ident: int, cell: list) -> None:
+        self.ident = ident
+        self.cell = cell
+
+    def __del__(self) -> None:
+        try:
+            if _running_get(self.ident) is self.cell:
+                del RUNNING[self.ident]
+            self.cell.clear()
+        except BaseException:  # (at interpreter shutdown the module may be half gone)
+            pass
+
+
+def running_cell() -> list:
+    """This thread's cell of ``RUNNING``: made on first use (with its guard), repaired in
+    place where it is no longer a list of one item."""
+    ident = _get_ident()
+    cell = _running_get(ident)
+    if type(cell) is not list:
+        cell = RUNNING[ident] = [None]
+    elif len(cell) != 1:
+        cell[:] = [None]
+    guard = getattr(_GUARDS, "guard", None)
+    if guard is None or guard.cell is not cell:
+        _GUARDS.guard = _CellGuard(ident, cell)
+    return cell
+
+
+def running_origin(ident: int) -> Optional[Snapshot]:
+    """The origin of the work thread ``ident`` is running now, as its cell tells."""
+    cell = _running_get(ident)
+    return cell[0] if type(cell) is list and cell else None
 
 #: How many origin hops a snapshot shows (``install(chain_limit=...)``). Chains are also
 #: kept physically short: a snapshot never links to more than ``2 * CHAIN_LIMIT - 1``

@@ -2,8 +2,8 @@
 
 A thread's shadow stack lives in its own ``_stack.TLS`` dict and its current origin in a
 context variable, both invisible from other threads; ``_stack.REGISTRY`` (each thread's
-TLS dict, registered when the thread first uses it) and ``_snapshot.RUNNING`` (set by the
-wrappers that run work with an origin) make them readable. Reading never writes to
+TLS dict, registered when the thread first uses it) and ``_snapshot.RUNNING`` (each
+thread's cell, set by the wrappers that run work with an origin) make them readable. Reading never writes to
 another thread's state and takes no lock: a thread's cell is read with one list read,
 and what it disagrees with is answered from the real frames instead.
 """
@@ -128,7 +128,11 @@ def threads() -> dict[int, Snapshot]:
     for ident, frame in frames.items():
         try:
             node, lasti = top_of(registry.get(ident), frame, policy, active.get(ident))
-            origin = CURRENT_ORIGIN.get() if ident == me else running.get(ident)
+            if ident == me:
+                origin = CURRENT_ORIGIN.get()
+            else:
+                cell = running.get(ident)
+                origin = cell[0] if type(cell) is list and cell else None
             out[ident] = Snapshot._new(node, lasti, origin)
         except Exception:
             out[ident] = Snapshot._new(None, _UNKNOWN, None)

@@ -6,7 +6,7 @@
  * (monstack/_origin.py, native_carrier) lays out by the names in ms_carrier_names and
  * keeps in a bytes object for the life of the process: the C-API functions (resolved by
  * name, as the blobs' tables are) and the objects the Python carrier uses (the
- * CURRENT_ORIGIN ContextVar, the RUNNING dict, attach_if_absent...).
+ * CURRENT_ORIGIN ContextVar, _snapshot.running_cell, attach_if_absent...).
  *
  * A carrier is an instance of monstack._origin.NativeCarrier, a subclass of WithOrigin
  * that adds one slot, invisible to Python, holding that bytes object: its last slot,
@@ -14,20 +14,22 @@
  * ms_carrier_call (METH_FASTCALL | METH_KEYWORDS); ms_carrier_new makes instances.
  *
  * ms_carrier_call runs `fn(*args, **kwargs)` with the snapshot as the current origin
- * (ContextVar set/reset) and as RUNNING[thread ident] (restored after: popped when there
- * was none), and on an Exception calls attach_if_absent(exc, snap) before it propagates.
- * Being C, it adds no traceback entry (the Python carrier removes its own).
+ * (ContextVar set/reset) and in the thread's cell of _snapshot.RUNNING (what it held put
+ * back after), and on an Exception calls attach_if_absent(exc, snap) before it
+ * propagates. Being C, it adds no traceback entry (the Python carrier removes its own).
+ * The thread finds its cell in its thread-state dict (PyThreadState_GetDict), under the
+ * key `cell_key`, put there the first time from running_cell(): one lookup by an interned
+ * string per job, where the ident's int object and three dict operations on RUNNING cost
+ * about twice as much.
  */
 
 /* X(return type, symbol, parameters): C-API functions the loader fills in. */
 #define MC_FUNCS(X)                                                             \
     X(PyObject *, PyContextVar_Set, (PyObject *, PyObject *))                   \
     X(int, PyContextVar_Reset, (PyObject *, PyObject *))                        \
-    X(unsigned long, PyThread_get_thread_ident, (void))                         \
-    X(PyObject *, PyLong_FromUnsignedLong, (unsigned long))                     \
+    X(PyObject *, PyThreadState_GetDict, (void))                                \
     X(PyObject *, PyDict_GetItemWithError, (PyObject *, PyObject *))            \
     X(int, PyDict_SetItem, (PyObject *, PyObject *, PyObject *))                \
-    X(int, PyDict_DelItem, (PyObject *, PyObject *))                            \
     X(PyObject *, PyObject_Vectorcall, (PyObject *, PyObject *const *, size_t, PyObject *)) \
     X(void, PyErr_Fetch, (PyObject **, PyObject **, PyObject **))               \
     X(void, PyErr_NormalizeException, (PyObject **, PyObject **, PyObject **))  \
@@ -44,7 +46,9 @@
 /* X(field): objects the loader stores (the loader keeps them alive). */
 #define MC_OBJS(X)                                                              \
     X(var)             /* monstack._snapshot.CURRENT_ORIGIN */                  \
-    X(running)         /* monstack._snapshot.RUNNING */                         \
+    X(cell_here)       /* monstack._snapshot.running_cell */                    \
+    X(cell_key)        /* "monstack.running_cell.<id(RUNNING)>" (interned) */    \
+    X(list)            /* list */                                               \
     X(attach)          /* monstack._origin.attach_if_absent */                  \
     X(exception)       /* Exception */                                          \
     X(none)            /* None */                                               \
@@ -128,6 +132,38 @@ PyObject *ms_carrier_new(PyObject *holder, PyObject *const *args, Py_ssize_t nar
     return self;
 }
 
+/* This thread's cell of _snapshot.RUNNING (a list of one item), a new reference; NULL
+ * with an exception set where running_cell() raised or gave something else. A cell is
+ * never replaced in RUNNING while its thread lives (running_cell() repairs one in place),
+ * so the one kept in the thread-state dict stays the one other threads read. */
+static PyObject *mc_cell(struct mc_ctx *c)
+{
+    PyObject *d = c->PyThreadState_GetDict(); /* (borrowed; NULL, no error, if none can be made) */
+    if (d != NULL) {
+        PyObject *found = c->PyDict_GetItemWithError(d, c->cell_key);
+        if (found != NULL && Py_TYPE(found) == (PyTypeObject *)c->list && Py_SIZE(found) == 1) {
+            Py_INCREF(found);
+            return found;
+        }
+        if (found == NULL) {
+            c->PyErr_Clear(); /* (a key's __eq__ could raise: running_cell() answers) */
+        }
+    }
+    PyObject *cell = c->PyObject_Vectorcall(c->cell_here, NULL, 0, NULL);
+    if (cell == NULL) {
+        return NULL;
+    }
+    if (Py_TYPE(cell) != (PyTypeObject *)c->list || Py_SIZE(cell) != 1) {
+        ms_decref(cell);
+        c->PyErr_SetString(c->type_error, "running_cell() gave no list of one item");
+        return NULL;
+    }
+    if (d != NULL && c->PyDict_SetItem(d, c->cell_key, cell) < 0) {
+        c->PyErr_Clear(); /* (out of memory: found through running_cell() next time) */
+    }
+    return cell;
+}
+
 /* The carrier's call: fn(*args) (vectorcall: args, nargs, kwnames) or, where targs is not
  * NULL, fn(*targs, **tkwargs) (tp_call: a tuple and a dict or NULL). */
 static PyObject *mc_call(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
@@ -151,22 +187,13 @@ static PyObject *mc_call(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     if (token == NULL) {
         goto done;
     }
-    PyObject *ident = c->PyLong_FromUnsignedLong(c->PyThread_get_thread_ident());
-    if (ident == NULL) {
-        goto reset;
-    }
-    PyObject *prev = c->PyDict_GetItemWithError(c->running, ident);
-    if (prev == NULL) {
-        c->PyErr_Clear(); /* (an int key: no error but a missing entry) */
+    PyObject *cell = mc_cell(c), *prev = NULL;
+    if (cell == NULL) {
+        c->PyErr_Clear(); /* (the job runs all the same; other threads do not see its origin) */
     } else {
-        Py_INCREF(prev);
-    }
-    if (c->PyDict_SetItem(c->running, ident, snap) < 0) {
-        if (prev != NULL) {
-            ms_decref(prev);
-        }
-        ms_decref(ident);
-        goto reset;
+        prev = ((PyListObject *)cell)->ob_item[0]; /* (the cell's reference, ours now) */
+        Py_INCREF(snap);
+        ((PyListObject *)cell)->ob_item[0] = snap;
     }
 
     res = targs != NULL ? c->PyObject_Call(fn, targs, tkwargs) : c->PyObject_Vectorcall(fn, args, (size_t)nargs, kwnames);
@@ -185,36 +212,25 @@ static PyObject *mc_call(PyObject *self, PyObject *const *args, Py_ssize_t nargs
             }
         }
     }
-    /* finally: RUNNING as it was, the origin reset (an exception set aside meanwhile) */
-    if (prev == NULL || prev == c->none) {
-        if (c->PyDict_DelItem(c->running, ident) < 0) {
-            c->PyErr_Clear();
+    /* finally: the cell as it was, the origin reset (an exception set aside meanwhile) */
+    if (cell != NULL) {
+        if (Py_SIZE(cell) >= 1) { /* (resized meanwhile: running_cell() repairs it next time) */
+            PyObject *now = ((PyListObject *)cell)->ob_item[0];
+            ((PyListObject *)cell)->ob_item[0] = prev;
+            if (now != NULL) {
+                ms_decref(now);
+            }
+        } else {
+            ms_decref(prev); /* (emptied meanwhile: left as it is) */
         }
-    } else if (c->PyDict_SetItem(c->running, ident, prev) < 0) {
-        c->PyErr_Clear();
+        ms_decref(cell);
     }
-    if (prev != NULL) {
-        ms_decref(prev);
-    }
-    ms_decref(ident);
     if (c->PyContextVar_Reset(c->var, token) < 0) {
         c->PyErr_Clear(); /* entered another context in between: leave it be */
     }
     ms_decref(token);
     if (res == NULL) {
         c->PyErr_Restore(type, value, tb);
-    }
-    goto done;
-
-reset:
-    {
-        PyObject *t2 = NULL, *v2 = NULL, *tb2 = NULL;
-        c->PyErr_Fetch(&t2, &v2, &tb2);
-        if (c->PyContextVar_Reset(c->var, token) < 0) {
-            c->PyErr_Clear();
-        }
-        ms_decref(token);
-        c->PyErr_Restore(t2, v2, tb2);
     }
 done:
     ms_decref(snap);

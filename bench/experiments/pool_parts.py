@@ -16,9 +16,9 @@ alternatives: most of them lose the origin::
     ... variants --only no-running,no-state       # a subset (``shipped`` always runs)
 
   shipped       native/carrier.h as it is (rebuilt here, as every variant is)
-  no-running    the carrier keeps no RUNNING entry (other threads no longer see the job's
-                origin); the ContextVar is still set
-  no-state      the carrier sets nothing: no RUNNING entry, no ContextVar (the job's own
+  no-running    the carrier leaves its thread's RUNNING cell alone (other threads no longer
+                see the job's origin); the ContextVar is still set
+  no-state      the carrier sets nothing: no RUNNING cell, no ContextVar (the job's own
                 snapshots and current_origin() lose the origin; exceptions still get it)
   no-capture    submit takes no snapshot (the carrier carries None)
   no-carrier    submit takes the snapshot, drops it and queues fn itself
@@ -44,40 +44,32 @@ from typing import Dict, List, Tuple
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _variants import Refused, blob_name, last_line, make_tree  # noqa: E402
 
-_RUNNING_SET = """    PyObject *ident = c->PyLong_FromUnsignedLong(c->PyThread_get_thread_ident());
-    if (ident == NULL) {
-        goto reset;
-    }
-    PyObject *prev = c->PyDict_GetItemWithError(c->running, ident);
-    if (prev == NULL) {
-        c->PyErr_Clear(); /* (an int key: no error but a missing entry) */
+_RUNNING_SET = """    PyObject *cell = mc_cell(c), *prev = NULL;
+    if (cell == NULL) {
+        c->PyErr_Clear(); /* (the job runs all the same; other threads do not see its origin) */
     } else {
-        Py_INCREF(prev);
-    }
-    if (c->PyDict_SetItem(c->running, ident, snap) < 0) {
-        if (prev != NULL) {
-            ms_decref(prev);
-        }
-        ms_decref(ident);
-        goto reset;
+        prev = ((PyListObject *)cell)->ob_item[0]; /* (the cell's reference, ours now) */
+        Py_INCREF(snap);
+        ((PyListObject *)cell)->ob_item[0] = snap;
     }
 """
-_RUNNING_RESTORE = """    /* finally: RUNNING as it was, the origin reset (an exception set aside meanwhile) */
-    if (prev == NULL || prev == c->none) {
-        if (c->PyDict_DelItem(c->running, ident) < 0) {
-            c->PyErr_Clear();
+_RUNNING_RESTORE = """    /* finally: the cell as it was, the origin reset (an exception set aside meanwhile) */
+    if (cell != NULL) {
+        if (Py_SIZE(cell) >= 1) { /* (resized meanwhile: running_cell() repairs it next time) */
+            PyObject *now = ((PyListObject *)cell)->ob_item[0];
+            ((PyListObject *)cell)->ob_item[0] = prev;
+            if (now != NULL) {
+                ms_decref(now);
+            }
+        } else {
+            ms_decref(prev); /* (emptied meanwhile: left as it is) */
         }
-    } else if (c->PyDict_SetItem(c->running, ident, prev) < 0) {
-        c->PyErr_Clear();
+        ms_decref(cell);
     }
-    if (prev != NULL) {
-        ms_decref(prev);
-    }
-    ms_decref(ident);
 """
 _NO_RUNNING = [
-    (_RUNNING_SET, "    if (token == NULL) { /* pool_parts: no RUNNING entry */\n        goto reset;\n    }\n"),
-    (_RUNNING_RESTORE, "    /* pool_parts: no RUNNING entry to put back */\n"),
+    (_RUNNING_SET, "    /* pool_parts: no RUNNING cell */\n"),
+    (_RUNNING_RESTORE, "    /* pool_parts: no RUNNING cell to put back */\n"),
 ]
 _NO_VAR = [
     ("""    PyObject *token = c->PyContextVar_Set(c->var, snap);

@@ -150,18 +150,153 @@ def test_native_carrier_runs_the_job_under_its_origin(native_new):
 
     def look(a, b=None):
         seen["origin"] = monstack.current_origin()
-        seen["running"] = _snapshot.RUNNING.get(me)
+        seen["running"] = _snapshot.running_origin(me)
         return a, b
 
     assert native_new(look, snap)(1, b=2) == (1, 2)
     assert seen["origin"] is snap and seen["running"] is snap
-    assert me not in _snapshot.RUNNING and monstack.current_origin() is None
+    assert _snapshot.running_origin(me) is None and monstack.current_origin() is None
     # inside another origin: both are put back after
     outer = monstack.snapshot()
     with monstack.origin(outer):
         native_new(look, snap)(0)
-        assert _snapshot.RUNNING[me] is outer and monstack.current_origin() is outer
+        assert _snapshot.running_origin(me) is outer and monstack.current_origin() is outer
     assert seen["origin"] is snap
+
+
+def test_the_native_carrier_writes_the_cell_other_threads_read(native_new):
+    # the thread's cell of RUNNING, found through its thread-state dict: the same list
+    # running_cell() made, holding the job's origin while it runs and None after
+    snap = monstack.snapshot()
+    seen = {}
+
+    def look():
+        me = threading.get_ident()
+        seen["cell"], seen["value"] = _snapshot.RUNNING[me], _snapshot.RUNNING[me][0]
+        seen["other"] = monstack.threads()[main]  # (no carrier on the main thread)
+        return me
+
+    main = threading.get_ident()
+    with ThreadPoolExecutor(1) as pool:  # (a new thread: its first cell)
+        carried = native_new(look, snap)
+        ident = pool.submit(carried).result()
+        assert seen["value"] is snap and seen["cell"] is _snapshot.RUNNING[ident]
+        assert _snapshot.RUNNING[ident] == [None] and seen["other"].origin is None
+        pool.submit(carried).result()  # (the second time from the thread-state dict)
+        assert seen["cell"] is _snapshot.RUNNING[ident] and seen["value"] is snap
+
+
+def test_a_cell_made_unusable_is_repaired_in_place(native_new):
+    # a job that resizes or empties its thread's cell: the carrier still puts back what
+    # the cell held, the next carrier repairs it in place (the same list: the native
+    # carrier keeps it), and every job runs with its origin visible
+    me = threading.get_ident()
+    snap = monstack.snapshot()
+    cell = _snapshot.running_cell()
+    seen = []
+
+    def look():
+        seen.append(_snapshot.running_origin(me))
+
+    def grows():
+        cell.append("x")
+
+    def empties():
+        cell.clear()
+
+    for carrier in (lambda fn: native_new(fn, snap), lambda fn: _origin.WithOrigin(fn, snap)):
+        carrier(grows)()
+        assert cell[0] is None and _snapshot.RUNNING[me] is cell
+        carrier(look)()
+        assert cell == [None] and seen.pop() is snap
+        carrier(empties)()
+        assert cell == [] and monstack.current_origin() is None
+        carrier(look)()
+        assert cell == [None] and seen.pop() is snap and _snapshot.RUNNING[me] is cell
+    with monstack.origin(snap):
+        cell.clear()
+    assert cell == [] and monstack.current_origin() is None
+    native_new(look, snap)()
+    assert cell == [None] and seen.pop() is snap
+
+
+def test_a_job_runs_where_its_thread_gets_no_cell(native_new, monkeypatch):
+    # running_cell() failing (as it could at interpreter shutdown): the job runs, under
+    # its origin, and other threads do not see it
+    snap = monstack.snapshot()
+    seen = {}
+
+    def look():
+        seen["origin"] = monstack.current_origin()
+        return 5
+
+    def broken(ident):
+        raise RuntimeError("no cell")
+
+    with ThreadPoolExecutor(1) as pool:  # (a new thread: no cell kept for it yet)
+        monkeypatch.setattr(_snapshot, "_running_get", broken)
+        assert pool.submit(native_new(look, snap)).result() == 5
+        monkeypatch.undo()
+        assert seen["origin"] is snap
+
+
+def test_nested_carriers_are_seen_from_another_thread_at_each_level(native_new):
+    # native, then Python, then an origin() block inside one job: another thread sees
+    # the innermost at each level, and the outer one again as each ends
+    outer, middle, inner = monstack.snapshot(), monstack.snapshot(), monstack.snapshot()
+    me = threading.get_ident()
+    seen = []
+
+    def read():
+        result = []
+        t = threading.Thread(target=lambda: result.append(monstack.threads()[me].origin))
+        t.start()
+        t.join()
+        seen.append(result[0])
+
+    def level3():
+        with monstack.origin(inner):
+            read()
+        read()
+
+    def level2():
+        read()
+        native_new(level3, middle)()
+        read()
+
+    _origin.WithOrigin(lambda: native_new(level2, outer)(), middle)()
+    assert seen == [outer, inner, middle, outer]
+    read()
+    assert seen[-1] is None
+
+
+def test_a_failing_job_puts_the_cell_back(native_new):
+    me = threading.get_ident()
+    with pytest.raises(ValueError):
+        native_new(failing_job, monstack.snapshot())()
+    assert _snapshot.running_origin(me) is None and monstack.current_origin() is None
+
+
+def test_cells_leave_with_their_threads(pool_installed):
+    # a pool's threads each get a cell; once they have ended, RUNNING holds none of them
+    with ThreadPoolExecutor(3) as pool:
+        idents = set(pool.map(lambda _: threading.get_ident(), range(30)))
+        workers = list(pool._threads)
+    for t in workers:
+        t.join()
+    assert idents and not idents & set(_snapshot.RUNNING), (idents, _snapshot.RUNNING)
+
+
+def test_an_entry_that_is_no_cell_is_replaced(pool_installed):
+    me = threading.get_ident()
+    _snapshot.RUNNING[me] = "not a cell"
+    try:
+        assert monstack.threads()[me] is not None
+        snap = monstack.snapshot()
+        assert _origin.WithOrigin(lambda: _snapshot.running_origin(me), snap)() is snap
+        assert _snapshot.RUNNING[me] == [None]
+    finally:
+        _snapshot.running_cell()
 
 
 def test_a_call_of_a_native_carrier_goes_straight_to_native_code(native_new):
@@ -209,7 +344,7 @@ def test_a_base_exception_passes_without_origin_and_state_is_put_back(native_new
     with pytest.raises(Stop) as info:
         native_new(stopping_job, monstack.snapshot())()
     assert monstack.origin_of(info.value) is None
-    assert me not in _snapshot.RUNNING and monstack.current_origin() is None
+    assert _snapshot.running_origin(me) is None and monstack.current_origin() is None
     assert traceback.extract_tb(info.value.__traceback__)[-1].name == "stopping_job"
 
 

@@ -188,7 +188,7 @@ def test_pool_job_origin_is_its_submit_line():
             release.set()
         fut.result()
     # between jobs (and after) a worker runs no work: no origin recorded for it
-    assert all(v is None for k, v in _snapshot.RUNNING.items() if k != threading.get_ident())
+    assert all(_snapshot.running_origin(k) is None for k in _snapshot.RUNNING if k != threading.get_ident())
 
 
 def test_origin_block_is_visible_from_other_threads():
@@ -205,7 +205,7 @@ def test_origin_block_is_visible_from_other_threads():
         t.start()
         t.join()
     assert seen["snap"].origin is marker
-    assert _snapshot.RUNNING.get(me) is None
+    assert _snapshot.running_origin(me) is None
 
 
 def test_unreadable_thread_gets_an_empty_snapshot(monkeypatch):
