@@ -3,9 +3,9 @@
 A thread's shadow stack lives in its own ``_stack.TLS`` dict and its current origin in a
 context variable, both invisible from other threads; ``_stack.REGISTRY`` (each thread's
 TLS dict, registered when the thread first uses it) and ``_snapshot.RUNNING`` (each
-thread's cell, set by the wrappers that run work with an origin) make them readable. Reading never writes to
-another thread's state and takes no lock: a thread's cell is read with one list read,
-and what it disagrees with is answered from the real frames instead.
+thread's cell, set by the wrappers that run work with an origin) make them readable.
+Reading never writes to another thread's state and takes no lock: a thread's cell is read
+with one list read, and what it disagrees with is answered from the real frames instead.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ if TYPE_CHECKING:  # (nothing here imports typing: _propagate imports this at st
 
 from . import _capture, _stack
 from ._policy import Policy
-from ._snapshot import CURRENT_ORIGIN, RUNNING, Snapshot
+from ._snapshot import CURRENT_ORIGIN, Snapshot, running_origin
 
 _UNKNOWN = _stack.UNKNOWN
 
@@ -122,17 +122,12 @@ def threads() -> dict[int, Snapshot]:
     policy = _capture.current_policy()
     tracking = state is not None and state.backend.tracking
     registry = _stack.registered(frames) if tracking else {}
-    running = _copy(RUNNING)
     active = _active_threads()
     out: dict[int, Snapshot] = {}
     for ident, frame in frames.items():
         try:
             node, lasti = top_of(registry.get(ident), frame, policy, active.get(ident))
-            if ident == me:
-                origin = CURRENT_ORIGIN.get()
-            else:
-                cell = running.get(ident)
-                origin = cell[0] if type(cell) is list and cell else None
+            origin = CURRENT_ORIGIN.get() if ident == me else running_origin(ident)
             out[ident] = Snapshot._new(node, lasti, origin)
         except Exception:
             out[ident] = Snapshot._new(None, _UNKNOWN, None)
