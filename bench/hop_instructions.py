@@ -11,6 +11,14 @@ warm-up:
             (``install(propagate=False)`` plus a task factory / ``submit`` wrapper that
             only takes ``monstack.snapshot()``). ``ACC=0`` / ``ACC=1``: ``accelerator=``.
 
+``SWITCH=100``: the switch interval in seconds (``sys.setswitchinterval``): the pool's
+submitting thread then queues all N jobs before the worker runs one, so the count no
+longer depends on how valgrind happened to interleave the threads (without it, two runs
+of one tree differ by up to ~4,000 instructions per job). ``GC=0``: the collector
+disabled, which leaves out collections whose cost depends on where the allocations
+happen to fall against the young generation's threshold (with ``SWITCH=100`` all N jobs
+are alive at once, so each young collection traverses them).
+
 Per hop = (instructions at N=3000 - at N=1000) / 2000::
 
     for n in 1000 3000; do
@@ -101,6 +109,12 @@ def main() -> None:
         else:
             mod.prun(k, ex)
 
+    if os.environ.get("GC") == "0":
+        import gc
+
+        gc.disable()
+    if os.environ.get("SWITCH"):
+        sys.setswitchinterval(float(os.environ["SWITCH"]))
     run(200)
     run(n)
     if ex is not None:
