@@ -706,6 +706,8 @@ class EvalFrameBackend:
             off = nat.arch["fields"]["snap_live"]
             if blob.get_i64(off) == id(token):
                 blob.put_ptr(off, 0)
+            # the snapshot the shim keeps for reuse (it holds nodes of this install)
+            _loader.cached_function(blob, "ms_snapshot_forget", "snapshot_forget", self_obj=token)()
 
     def capture(self, frame: Optional[FrameType]) -> tuple[Any, int]:
         view = self._eval_view

@@ -179,6 +179,16 @@ class NativeCarrier(WithOrigin):
 _TABLE_SLOT: Any = NativeCarrier.__dict__["_native_table"]
 delattr(NativeCarrier, "_native_table")
 
+#: [the carrier the native submit made last, or None]: it hands that one out again to a
+#: job of the same function with the same snapshot, and lets go of it when one of its
+#: calls ends (native/carrier.h). Emptied when the propagation points are undone.
+REUSED: list = [None]
+
+
+def forget_reused() -> None:
+    """Let go of the carrier the native submit keeps for reuse (uninstall)."""
+    REUSED[:] = [None]
+
 
 def sent_bytes(holder: Any) -> bytes:
     """The pickled snapshot of a wrapper, made once per wrapper."""
@@ -353,7 +363,7 @@ def _set_up_native(blob: Any) -> Callable[..., Any]:
     del probe
     objects = {"var": CURRENT_ORIGIN, "cell_here": running_cell, "cell_key": sys.intern(f"monstack.running_cell.{id(RUNNING):x}"),
                "list": list, "attach": attach_if_absent, "exception": Exception, "none": None,
-               "type_error": TypeError, "attribute_error": AttributeError, "cls": cls}
+               "type_error": TypeError, "attribute_error": AttributeError, "cls": cls, "reused": REUSED}
     order = sys.byteorder
     fields = bytearray(size)
     fields[0:8] = _CARRIER_MAGIC.to_bytes(8, order)

@@ -21,6 +21,13 @@
  * key `cell_key`, put there the first time from running_cell(): one lookup by an interned
  * string per job, where the ident's int object and three dict operations on RUNNING cost
  * about twice as much.
+ *
+ * ms_submit hands the carrier it made last out again (REUSED) to a job of the same
+ * function with the same snapshot (capture() gives the same object again while nothing
+ * changed: a loop submitting at one call site): one carrier for those jobs instead of
+ * one each. A carrier is never changed by its calls, so sharing it is invisible to them.
+ * The cache lets go of it when one of its calls ends (mc_reused_done), so it keeps
+ * nothing alive much longer than the jobs do.
  */
 
 /* X(return type, symbol, parameters): C-API functions the loader fills in. */
@@ -54,7 +61,8 @@
     X(none)            /* None */                                               \
     X(type_error)      /* TypeError */                                          \
     X(attribute_error) /* AttributeError */                                     \
-    X(cls)             /* monstack._origin.NativeCarrier */
+    X(cls)             /* monstack._origin.NativeCarrier */                     \
+    X(reused)          /* monstack._origin.REUSED: [a carrier ms_submit made, or None] */
 
 /* X(field): instance layout, as byte offsets from the object's start (from the loader). */
 #define MC_OFFS(X) X(off_wrapped) X(off_snap) X(off_sent)
@@ -164,6 +172,25 @@ static PyObject *mc_cell(struct mc_ctx *c)
     return cell;
 }
 
+/* A call of `self` ends: REUSED lets go of its carrier if that is `self` (its other jobs
+ * hold it, and so does this call's caller: never freed here), or if nothing else holds
+ * it any more (a job that never ran: cancelled). Freeing that one may run Python code:
+ * called with no exception set. */
+static inline void mc_reused_done(struct mc_ctx *c, PyObject *self)
+{
+    PyObject *reused = c->reused;
+    if (Py_SIZE(reused) != 1) {
+        return;
+    }
+    PyObject *last = ((PyListObject *)reused)->ob_item[0];
+    if (last == c->none || (last == self ? Py_REFCNT(last) <= 1 : Py_REFCNT(last) != 1)) {
+        return;
+    }
+    Py_INCREF(c->none);
+    ((PyListObject *)reused)->ob_item[0] = c->none;
+    ms_decref(last);
+}
+
 /* The carrier's call: fn(*args) (vectorcall: args, nargs, kwnames) or, where targs is not
  * NULL, fn(*targs, **tkwargs) (tp_call: a tuple and a dict or NULL). */
 static PyObject *mc_call(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
@@ -229,6 +256,7 @@ static PyObject *mc_call(PyObject *self, PyObject *const *args, Py_ssize_t nargs
         c->PyErr_Clear(); /* entered another context in between: leave it be */
     }
     ms_decref(token);
+    mc_reused_done(c, self);
     if (res == NULL) {
         c->PyErr_Restore(type, value, tb);
     }
@@ -588,11 +616,27 @@ PyObject *ms_submit(PyObject *self, PyObject *const *args, size_t nargsf, PyObje
     if (snap == NULL) {
         return dropped ? c->PyObject_Vectorcall(call, args, nargsf, kwnames) : NULL;
     }
-    PyObject *pair[2] = {fn, snap};
-    PyObject *carrier = ms_carrier_new(table, pair, 2);
-    ms_decref(snap);
-    if (carrier == NULL) {
-        return NULL;
+    /* the carrier made last, if it carries fn with this snapshot; else a new one, kept */
+    PyObject *carrier, *reused = c->reused;
+    PyObject *last = Py_SIZE(reused) == 1 ? ((PyListObject *)reused)->ob_item[0] : NULL;
+    if (last != NULL && Py_TYPE(last) == (PyTypeObject *)c->cls && MC_SLOT(last, c->off_wrapped) == fn &&
+        MC_SLOT(last, c->off_snap) == snap && MC_SLOT(last, c->off_sent) == c->none && mc_holder(last) == table) {
+        Py_INCREF(last);
+        carrier = last;
+        ms_decref(snap);
+    } else {
+        PyObject *pair[2] = {fn, snap};
+        carrier = ms_carrier_new(table, pair, 2); /* (a collection may run Python code here) */
+        ms_decref(snap);
+        if (carrier == NULL) {
+            return NULL;
+        }
+        if (Py_SIZE(reused) == 1) {
+            last = ((PyListObject *)reused)->ob_item[0]; /* again: that code may have submitted */
+            Py_INCREF(carrier);
+            ((PyListObject *)reused)->ob_item[0] = carrier;
+            ms_decref(last); /* (may run Python code: REUSED is consistent) */
+        }
     }
     /* the same arguments with the carrier in fn's place (one free slot in front, so the
      * callee may prepend a bound argument: PY_VECTORCALL_ARGUMENTS_OFFSET) */

@@ -633,7 +633,18 @@ static void pop(PyThreadState *ts, PyObject *node, _PyInterpreterFrame *prev_fra
             cell_set(cell, DATA.py_none);
         }
     }
+    /* the kept snapshot of this frame (see build_snapshot): its frame is gone, it cannot
+     * recur; dropped last (that may free code objects: weakref callbacks run Python) */
+    PyObject *last = DATA.last_snap;
+    if (last != 0 && tuple_items(last)[0] == node) {
+        DATA.last_snap = 0;
+    } else {
+        last = 0;
+    }
     ms_decref(node);
+    if (last != 0) {
+        ms_decref(last);
+    }
     if (failed) {
         DATA.PyErr_Restore(et, ev, etb);
     }
@@ -1191,6 +1202,19 @@ found:;
             goto decline;
         }
     }
+    /* The same snapshot as the last one (a loop submitting jobs or creating tasks at one
+     * call site): that one again, not an equal copy. A snapshot is an immutable value,
+     * and while kept it holds its top node, which so cannot have been freed and reused
+     * for another frame: the same items make the same snapshot. */
+    PyObject *last = DATA.last_snap;
+    if (last != 0 && DATA.last_lasti == (int64_t)lasti && tuple_items(last)[0] == top &&
+        tuple_items(last)[2] == origin && tuple_items(last)[4] == meta && Py_TYPE(last) == cls) {
+        ms_incref(last);
+        ms_decref(meta);
+        ms_decref(origin);
+        DATA.n_snap++;
+        return last;
+    }
     PyObject *off = lasti_int(lasti);
     if (off == 0) {
         ms_decref(meta);
@@ -1214,6 +1238,13 @@ found:;
     items[3] = DATA.py_none;
     items[4] = meta;
     DATA.n_snap++;
+    ms_incref(snap);
+    last = DATA.last_snap;
+    DATA.last_snap = snap;
+    DATA.last_lasti = (int64_t)lasti;
+    if (last != 0) {
+        ms_decref(last); /* (may run Python code: the kept one is consistent) */
+    }
     return snap;
 decline:
     DATA.n_snap_py++;
@@ -1232,6 +1263,23 @@ PyObject *ms_snapshot_new(PyObject *self, PyObject *const *args, Py_ssize_t narg
         return DATA.py_none;
     }
     return build_snapshot(self, 1);
+}
+
+/* snapshot_forget() -> None: let go of the kept snapshot (the install retires its native
+ * snapshot paths). */
+__attribute__((used, noinline))
+PyObject *ms_snapshot_forget(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    (void)args;
+    (void)nargs;
+    PyObject *last = DATA.last_snap;
+    DATA.last_snap = 0;
+    if (last != 0) {
+        ms_decref(last);
+    }
+    ms_incref(DATA.py_none);
+    return DATA.py_none;
 }
 
 /* capture() -> the Snapshot of its caller, always: monstack.snapshotter()'s function

@@ -84,7 +84,12 @@ typedef PyObject *(*ms_evalfunc)(PyThreadState *, _PyInterpreterFrame *, int);
     X(shorten, PyObject *)         /* _snapshot._SHORTEN_CELL: [hops at which chains shorten] */ \
     X(by_file, PyObject *)         /* policy.tracked_files(): file name -> True/False */ \
     X(eval_slot, void **)          /* &interp->eval_frame: ours, or the stack is not trusted */ \
-    X(snap_live, PyObject *)       /* the live install's token (self of its functions); 0: retired */
+    X(snap_live, PyObject *)       /* the live install's token (self of its functions); 0: retired */ \
+    /* the last snapshot build_snapshot made (strong; 0: none) and its lasti, handed out  \
+     * again while the same one would be built; let go when its top node is popped or    \
+     * by ms_snapshot_forget (retire) */                                                  \
+    X(last_snap, PyObject *)                                                             \
+    X(last_lasti, int64_t)
 
 /* Counters the loader reads (for `info` and tests). */
 #define MS_COUNTERS(X)                                                         \

@@ -310,6 +310,11 @@ struct ms_state {
     int snap_raw;         /* snapshots allocated by ms_snap_alloc (cls->tp_dealloc is ms_snap_dealloc) */
     PyObject **ints;      /* ms_int's cache: ints[i] is the int i (strong) or NULL; or NULL */
     PyObject *shorten;    /* [hops at which Snapshot._new shortens a chain] (strong; or NULL) */
+    /* The last snapshot ms_build_snapshot made (strong; or NULL) and its lasti: handed
+     * out again while the same one would be built (see ms_build_snapshot); let go when
+     * its top node is popped, at retire and when the state is freed */
+    PyObject *last_snap;
+    long last_lasti;
     int untrack_nodes;    /* code objects are not GC containers (always so in 3.12/3.13) */
     /* Nodes popped while nothing else referenced them, kept for the next pushes
      * instead of being freed (a return cascade pops several in a row): 3-tuples,
@@ -404,6 +409,43 @@ static inline PyObject *ms_int(struct ms_state *st, long v)
     return ms_int_slow(st, v);
 }
 
+/* The last snapshot, if its top node is `node` (or any, for NULL): taken out of the
+ * cache, a reference for the caller to drop once nothing of ours is stale (dropping it
+ * may free it, its nodes and code objects: __del__ and weakref callbacks run Python
+ * code); or NULL. */
+static inline PyObject *ms_take_last_snap(struct ms_state *st, PyObject *node)
+{
+    PyObject *last = st->last_snap;
+    if (last == NULL || (node != NULL && PyTuple_GET_ITEM(last, 0) != node)) {
+        return NULL;
+    }
+    st->last_snap = NULL;
+    return last;
+}
+
+/* `node` is popped (its frame is gone): the kept snapshot of it cannot recur. Let go of
+ * it where that frees nothing (something else holds it too); else hand it to the
+ * caller through `drop` to drop last, or, with no `drop`, keep it (the next snapshot
+ * built replaces it). 0, or -1: it would be freed and `drop` is NULL. */
+static inline int ms_snap_popped(struct ms_state *st, PyObject *node, PyObject **drop)
+{
+    PyObject *last = st->last_snap;
+    if (LIKELY(last == NULL || PyTuple_GET_ITEM(last, 0) != node)) {
+        return 0;
+    }
+    if (Py_REFCNT(last) > 1) {
+        st->last_snap = NULL;
+        ms_decref(last); /* (not the last reference: nothing runs) */
+        return 0;
+    }
+    if (drop == NULL) {
+        return -1;
+    }
+    st->last_snap = NULL;
+    *drop = last;
+    return 0;
+}
+
 static void ms_state_free(PyObject *capsule)
 {
     struct ms_state *st = (struct ms_state *)API.PyCapsule_GetPointer(capsule, STATE_NAME);
@@ -412,6 +454,7 @@ static void ms_state_free(PyObject *capsule)
         return;
     }
     ms_cache_drop(st);
+    ms_xdecref(ms_take_last_snap(st, NULL));
     ms_xdecref(st->tls);
     ms_xdecref(st->by_file);
     ms_xdecref(st->decide);
@@ -868,8 +911,9 @@ static int ms_push(struct ms_state *st, PyThreadState *ts, PyObject *cell, PyObj
     return 0;
 }
 
-/* 1 popped, 0 top is not `code`. */
-static inline int ms_pop(struct ms_state *st, PyObject *cell, PyObject *code)
+/* 1 popped, 0 top is not `code`. A kept snapshot of the popped node that only the
+ * cache held goes to *drop (NULL: it stays kept), for the caller to drop last. */
+static inline int ms_pop(struct ms_state *st, PyObject *cell, PyObject *code, PyObject **drop)
 {
     PyObject **slot = &((PyListObject *)cell)->ob_item[0];
     PyObject *top = *slot;
@@ -892,6 +936,7 @@ static inline int ms_pop(struct ms_state *st, PyObject *cell, PyObject *code)
             ms_decref(code_ref);
             return 1;
         }
+        (void)ms_snap_popped(st, top, drop);
         Py_INCREF(parent);
         *slot = parent;
         ms_decref(top);
@@ -1016,7 +1061,11 @@ __attribute__((always_inline)) static inline PyObject *ms_leave_fast(struct ms_s
         ms_decref(code);
     }
     else {
-        /* a snapshot (or another thread) holds it too: not freed here */
+        /* a snapshot (or another thread) holds it too: not freed here; nor is the
+         * snapshot kept of it (that one to the full path, which holds self) */
+        if (UNLIKELY(ms_snap_popped(st, top, NULL) < 0)) {
+            return NULL;
+        }
         Py_INCREF(parent);
         *slot = parent;
         ms_decref(top);
@@ -1156,7 +1205,7 @@ static void ms_drop_linked(struct ms_state *st, PyThreadState *ts, PyObject *cel
         if (f == NULL || !ms_linked_suspended(f)) {
             return;
         }
-        if (ms_pop(st, cell, (PyObject *)ms_frame_code(f))) {
+        if (ms_pop(st, cell, (PyObject *)ms_frame_code(f), NULL)) {
             st->n_linked++;
         }
     }
@@ -1180,7 +1229,8 @@ __attribute__((always_inline)) static inline PyObject *ms_leave(PyObject *self, 
     int is_none = 0;
     PyObject *cell = ms_cell(st, ts, &is_none);
     if (LIKELY(cell != NULL)) {
-        if (LIKELY(ms_pop(st, cell, code))) {
+        PyObject *drop = NULL;
+        if (LIKELY(ms_pop(st, cell, code, &drop))) {
             if (is_yield) {
                 PyObject *below = ((PyListObject *)cell)->ob_item[0];
                 if (below != NONE && IS_TYPE(below, tuple_type) && Py_SIZE(below) == 3 &&
@@ -1188,6 +1238,7 @@ __attribute__((always_inline)) static inline PyObject *ms_leave(PyObject *self, 
                     ms_drop_linked(st, ts, cell);
                 }
             }
+            ms_xdecref(drop); /* last: it may run Python code (self is held: so is st) */
             Py_INCREF(NONE);
             return NONE;
         }
@@ -1545,6 +1596,7 @@ PyObject *ms_snapshot_setup(PyObject *self, PyObject *const *args, Py_ssize_t na
     PyObject *old_shorten = st->shorten;
     if (args[0] == NONE) {
         /* retire: capture() keeps working through st->slow (kept), the rest declines */
+        PyObject *old_snap = ms_take_last_snap(st, NULL); /* (it holds this install's nodes) */
         st->snap_cls = NULL;
         st->origin_var = NULL;
         st->shorten = NULL;
@@ -1552,6 +1604,7 @@ PyObject *ms_snapshot_setup(PyObject *self, PyObject *const *args, Py_ssize_t na
         ms_xdecref(old_cls);
         ms_xdecref(old_var);
         ms_xdecref(old_shorten);
+        ms_xdecref(old_snap);
         Py_INCREF(NONE);
         return NONE;
     }
@@ -1573,6 +1626,7 @@ PyObject *ms_snapshot_setup(PyObject *self, PyObject *const *args, Py_ssize_t na
     Py_INCREF(args[1]);
     Py_INCREF(args[2]);
     Py_INCREF(args[4]);
+    PyObject *old_snap = ms_take_last_snap(st, NULL); /* (made for the old class, var, chain limit) */
     st->snap_cls = args[0];
     st->origin_var = args[1];
     st->slow = args[2];
@@ -1602,6 +1656,7 @@ PyObject *ms_snapshot_setup(PyObject *self, PyObject *const *args, Py_ssize_t na
     ms_xdecref(old_var);
     ms_xdecref(old_slow);
     ms_xdecref(old_shorten);
+    ms_xdecref(old_snap);
     Py_INCREF(NONE);
     return NONE;
 }
@@ -1685,6 +1740,18 @@ static PyObject *ms_build_snapshot(struct ms_state *st, int from_caller)
         ms_decref(origin);
         goto none;
     }
+    /* The same snapshot as the last one (a loop submitting jobs or creating tasks at
+     * one call site): that one again, not an equal copy. A snapshot is an immutable
+     * value, and while cached it holds its top node, so the node cannot have been
+     * freed and reused for another frame: the same items make the same snapshot. */
+    PyObject *last = st->last_snap;
+    if (last != NULL && st->last_lasti == lasti && PyTuple_GET_ITEM(last, 0) == top &&
+        PyTuple_GET_ITEM(last, 2) == origin && PyTuple_GET_ITEM(last, 4) == meta && Py_TYPE(last) == cls) {
+        Py_INCREF(last);
+        ms_decref(meta);
+        ms_decref(origin);
+        return last;
+    }
     PyObject *off = ms_int(st, lasti);
     if (off == NULL) {
         ms_decref(meta);
@@ -1710,6 +1777,11 @@ static PyObject *ms_build_snapshot(struct ms_state *st, int from_caller)
     if (st->snap_untrack && !st->snap_raw) {
         API.PyObject_GC_UnTrack(snap);
     }
+    Py_INCREF(snap);
+    last = st->last_snap;
+    st->last_snap = snap;
+    st->last_lasti = lasti;
+    ms_xdecref(last); /* (last: may run Python code, the cache is consistent) */
     return snap;
 none:
     Py_INCREF(NONE);

@@ -95,3 +95,29 @@ def captures_for_library_snapshots(op, backend, monkeypatch, rounds: int = 5) ->
         assert shadow_records(snap) == real
         assert shadow_records(snap)[-1][2] == "user"
     return len(calls)
+
+
+def snapshots_at_one_site(cap, origins) -> tuple[list, list]:
+    """``cap()`` at one call site under each of ``origins`` in turn (the current origin set
+    around it), then ``monstack.snapshot()`` at two other lines: ``(those, the two)``."""
+    from monstack._snapshot import CURRENT_ORIGIN
+
+    out = []
+    for origin in origins:
+        token = CURRENT_ORIGIN.set(origin)
+        try:
+            out.append(cap())
+        finally:
+            CURRENT_ORIGIN.reset(token)
+    return out, [monstack.snapshot(), monstack.snapshot()]
+
+
+def assert_one_site_one_snapshot(cap) -> None:
+    """The native snapshot hands out the object it built last while the same one would be
+    built: one call site under one origin gives one object, anything else another."""
+    first = cap()
+    (a, b, c, d, e), (x, y) = snapshots_at_one_site(cap, [None, None, first, first, None])
+    assert a is b and c is d and a is not e and c is not a
+    assert c.origin is first and a.origin is None and e.origin is None
+    assert tuple.__getitem__(a, slice(None)) == tuple.__getitem__(e, slice(None))  # (e: equal, made anew)
+    assert x is not y and x.records()[-1][1] != a.records()[-1][1]  # (x, y: two calls, one line)

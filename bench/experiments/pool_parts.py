@@ -21,6 +21,8 @@ alternatives: most of them lose the origin::
   no-state      the carrier sets nothing: no RUNNING cell, no ContextVar (the job's own
                 snapshots and current_origin() lose the origin; exceptions still get it)
   no-capture    submit takes no snapshot (the carrier carries None)
+  no-reuse      a new carrier for every job (the carrier made last is not handed out
+                again; the snapshot still is)
   no-carrier    submit takes the snapshot, drops it and queues fn itself
   pass-through  submit calls the original at once (its checks only)
 
@@ -83,8 +85,8 @@ _NO_VAR = [
         c->PyErr_Clear(); /* entered another context in between: leave it be */
     }
     ms_decref(token);
-    if (res == NULL) {""", """    ms_decref(token); /* pool_parts: no ContextVar to reset */
-    if (res == NULL) {"""),
+    mc_reused_done(c, self);""", """    ms_decref(token); /* pool_parts: no ContextVar to reset */
+    mc_reused_done(c, self);"""),
 ]
 
 #: variant -> [(text of native/carrier.h, its replacement)], applied in order; each text
@@ -97,10 +99,14 @@ EDITS: Dict[str, List[Tuple[str, str]]] = {
         "    PyObject *snap = nr_capture(c, SB(SB_CAPTURE), &dropped);\n",
         "    PyObject *snap = c->none; /* pool_parts: no snapshot */\n    Py_INCREF(snap);\n",
     )],
+    "no-reuse": [(
+        "    if (last != NULL && Py_TYPE(last) == (PyTypeObject *)c->cls",
+        "    if (0 /* pool_parts: a new carrier per job */ && last != NULL && Py_TYPE(last) == (PyTypeObject *)c->cls",
+    )],
     "no-carrier": [(
-        "    PyObject *carrier = ms_carrier_new(table, pair, 2);\n",
-        "    PyObject *carrier = fn; /* pool_parts: fn queued as it is */\n    Py_INCREF(carrier);\n"
-        "    (void)pair;\n",
+        "        carrier = ms_carrier_new(table, pair, 2); /* (a collection may run Python code here) */\n",
+        "        carrier = fn; /* pool_parts: fn queued as it is */\n        Py_INCREF(carrier);\n"
+        "        (void)pair;\n",
     )],
     "pass-through": [(
         "    /* snap = capture(); on an Exception: call through with fn unwrapped */\n",

@@ -8,8 +8,8 @@ import sys
 from . import ON, capture_snapshot, binder, drop_own_entry, patch, take
 
 from .. import _capture
-from .._origin import (CO_KINDS, FUNCTION_TYPE, WithOrigin, attach_if_absent, carry, has_origin, native_carrier,
-                       native_vectorcall)
+from .._origin import (CO_KINDS, FUNCTION_TYPE, WithOrigin, attach_if_absent, carry, forget_reused, has_origin,
+                       native_carrier, native_vectorcall)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -161,6 +161,12 @@ def apply_thread_pool() -> None:
     new = native_carrier(getattr(backend, "native_blob", None))
     _fast[:] = [getattr(backend, "capture_native", None) or capture_snapshot, new]
     patch(cf_thread.ThreadPoolExecutor, "submit", _make_submit("thread_pool"))
+
+
+def stop() -> None:
+    """The points are undone: the native submit's kept carrier (and its job's function)
+    is let go of."""
+    forget_reused()
 
 
 def apply_process_pool() -> None:

@@ -31,7 +31,8 @@ if not _env.HAS_SYSMON:
 
 import monstack  # noqa: E402
 from monstack import _accel, _capture, _install, _native, _stack, _sysmon  # noqa: E402
-from stackcheck import captures_for_library_snapshots, library_module, real_records, shadow_records  # noqa: E402
+from stackcheck import (assert_one_site_one_snapshot, captures_for_library_snapshots, library_module, real_records,  # noqa: E402
+                        shadow_records)
 
 WHY = _accel.unavailable()
 OK = WHY is None
@@ -1258,9 +1259,13 @@ def test_adopted_dealloc_runs_a_finalizer_added_later_and_allows_class_assignmen
     calls = []
     with tracking(True):
         cap = monstack.snapshotter()
+
+        def take():  # (the native code keeps the last snapshot until its frame returns)
+            return cap()
+
         Snapshot.__del__ = lambda self: calls.append(self._hops)
         try:
-            s = cap()
+            s = take()
             assert not gc.is_tracked(s)  # natively built
             del s
             t = Snapshot._new(None, -1, None)
@@ -1268,11 +1273,73 @@ def test_adopted_dealloc_runs_a_finalizer_added_later_and_allows_class_assignmen
         finally:
             del Snapshot.__del__
         assert calls == [0, 0]
-        s = cap()
+        s = take()
         s.__class__ = Sub  # same allocator and deallocator family: allowed, as in CPython
         s.__class__ = Snapshot
         del s
         assert calls == [0, 0]
+
+
+@needs_native
+def test_the_same_snapshot_again_is_the_same_object():
+    with tracking(True):
+        assert_one_site_one_snapshot(monstack.snapshotter())
+
+        def twice():  # the monstack.snapshot() path too
+            return [monstack.snapshot() for _ in range(2)]
+
+        x, y = twice()
+        assert x is y
+
+
+@needs_native
+def test_a_finalizer_run_by_letting_go_of_the_kept_snapshot_may_uninstall():
+    from monstack._snapshot import Snapshot
+
+    ran = []
+
+    def finalizer(self):
+        ran.append(1)
+        monstack.uninstall()  # frees the native state, while its callback returns
+
+    with tracking(True):
+        cap = monstack.snapshotter()
+
+        def take():
+            cap()  # kept, and held by nothing else when take() returns
+
+        take()  # (warm: the first call of a function decides its file)
+        Snapshot.__del__ = finalizer
+        try:
+            take()
+        finally:
+            del Snapshot.__del__
+        assert ran == [1] and _capture.running() is None
+
+
+@needs_native
+def test_the_kept_snapshot_is_let_go_when_its_frame_returns_or_at_uninstall():
+    from monstack._snapshot import Snapshot
+
+    freed = []
+    with tracking(True):
+        cap = monstack.snapshotter()
+
+        def take():
+            return cap()
+
+        Snapshot.__del__ = lambda self: freed.append(1)
+        try:
+            s = take()
+            del s  # take() returned: nothing keeps it
+            assert freed == [1]
+            s = cap()  # this frame still runs: kept for the next snapshot here
+            del s
+            assert freed == [1]
+            monstack.uninstall()  # (retire) lets go of it
+            assert freed == [1, 1]
+        finally:
+            del Snapshot.__del__
 
 
 def test_long_origin_chains_are_freed_without_recursion():

@@ -4,8 +4,12 @@ what ``WithOrigin.__call__`` does and answer what ``WithOrigin`` answers."""
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
+import gc
+import os
 import pickle
+import subprocess
 import sys
 import threading
 import traceback
@@ -74,11 +78,12 @@ def stopping_job():
     raise Stop()
 
 
-def queued(pool, fn, *args, **kwargs):
-    """What the pool's work item holds for ``pool.submit(fn, ...)`` (and the future)."""
+@contextlib.contextmanager
+def work_items():
+    """What the pool's work items are made with in the block: a list of the callables."""
     import concurrent.futures.thread as cf_thread
 
-    seen = []
+    seen: list = []
     original = cf_thread._WorkItem
 
     class Recording(original):  # type: ignore[misc, valid-type]
@@ -88,9 +93,15 @@ def queued(pool, fn, *args, **kwargs):
 
     cf_thread._WorkItem = Recording
     try:
-        future = pool.submit(fn, *args, **kwargs)  # @queued
+        yield seen
     finally:
         cf_thread._WorkItem = original
+
+
+def queued(pool, fn, *args, **kwargs):
+    """What the pool's work item holds for ``pool.submit(fn, ...)`` (and the future)."""
+    with work_items() as seen:
+        future = pool.submit(fn, *args, **kwargs)  # @queued
     return seen[0], future
 
 
@@ -843,3 +854,169 @@ def test_an_error_of_the_snapshot_lets_the_job_run_without_origin(pool_installed
     finally:
         fast[2] = holder
     assert innermost_line(pool_installed.submit(job).result()[2]) == line_of("@after")  # @after
+
+
+def reuses_carriers() -> bool:
+    """Where the native submit hands a carrier out again: the native snapshot gives the
+    same object again at one call site under one origin."""
+    return native_expected()
+
+
+def recorded_submits(pool, calls):
+    """What the pool's work items hold for each ``pool.submit(fn, ...)`` of ``calls``
+    (``(fn, args)`` pairs, submitted in a loop at one call site), and the futures."""
+    with work_items() as seen:
+        futures = [pool.submit(fn, *args) for fn, args in calls]  # @loop-submit
+    return seen, futures
+
+
+def make_job():
+    def fresh(x):
+        return x, monstack.current_origin()
+
+    return fresh
+
+
+def test_jobs_from_one_call_site_share_a_carrier_let_go_when_one_ends(pool_installed):
+    gate = threading.Event()
+    busy = pool_installed.submit(gate.wait)  # (a builtin: the general path) the worker waits
+    other = make_job()
+    try:
+        seen, futures = recorded_submits(pool_installed, [(job, (0,)), (job, (1,)), (job, (2,)), (other, (3,))])
+        assert [c.__wrapped__ for c in seen] == [job, job, job, other]
+        if reuses_carriers():
+            assert seen[0] is seen[1] is seen[2] and seen[3] is not seen[0]
+            assert _origin.REUSED == [seen[3]]
+        else:
+            assert len({id(c) for c in seen}) == 4
+    finally:
+        gate.set()
+    busy.result()
+    results = [f.result() for f in futures]
+    assert [r[0] for r in results[:3]] == [(0,), (1,), (2,)] and results[3][0] == 3
+    origins = [r[2] for r in results[:3]] + [results[3][1]]
+    assert all(innermost_line(o) == line_of("@loop-submit") for o in origins)
+    if reuses_carriers():
+        assert origins[0] is origins[1] is origins[2] is origins[3]  # one site, one snapshot
+    pool_installed.shutdown(wait=True)
+    assert _origin.REUSED == [None]  # let go of when its job ended
+
+
+def test_jobs_sharing_a_carrier_fail_each_with_the_origin(pool_installed):
+    gate = threading.Event()
+    pool_installed.submit(gate.wait)
+    try:
+        seen, futures = recorded_submits(pool_installed, [(failing_job, ()), (failing_job, ())])
+    finally:
+        gate.set()
+    assert (seen[0] is seen[1]) is reuses_carriers()
+    for future in futures:
+        exc = future.exception()
+        assert type(exc) is ValueError and innermost_line(monstack.origin_of(exc)) == line_of("@loop-submit")
+        entries = traceback.extract_tb(exc.__traceback__)
+        assert not any("monstack" in e.filename for e in entries), entries
+    assert futures[0].exception() is not futures[1].exception()
+
+
+def test_a_function_is_not_kept_alive_by_its_shared_carrier():
+    import weakref
+
+    monstack.uninstall()
+    monstack.install()
+    try:
+        fn = make_job()
+        ref = weakref.ref(fn)
+        with ThreadPoolExecutor(1) as pool:
+            seen, futures = recorded_submits(pool, [(fn, (i,)) for i in range(3)])
+            assert [f.result()[0] for f in futures] == [0, 1, 2]
+        del fn, seen, futures
+        gc.collect()  # (the recording class, a cycle, holds the list of carriers)
+        assert ref() is None and _origin.REUSED == [None]
+    finally:
+        monstack.uninstall()
+
+
+def test_the_carrier_of_a_job_that_never_ran_is_let_go(native_new):
+    import weakref
+
+    with ThreadPoolExecutor(1) as pool:
+        gate = threading.Event()
+        pool.submit(gate.wait)
+        try:
+            fn = make_job()
+            ref = weakref.ref(fn)
+            future = pool.submit(fn, 1)
+            assert future.cancel()
+            del fn
+        finally:
+            gate.set()
+    if reuses_carriers():
+        assert type(_origin.REUSED[0]) is _origin.NativeCarrier and ref() is not None
+    native_new(job, monstack.snapshot())()  # another carrier's call ends: only REUSED held it
+    assert ref() is None and _origin.REUSED == [None]
+    fn = make_job()
+    ref = weakref.ref(fn)
+    with ThreadPoolExecutor(1) as pool:
+        gate = threading.Event()
+        pool.submit(gate.wait)
+        try:
+            pool.submit(fn, 1).cancel()
+            del fn
+        finally:
+            gate.set()
+    monstack.uninstall()  # lets go of it too
+    assert ref() is None and _origin.REUSED == [None]
+
+
+_FINALIZER_SUBMITS = """
+import gc, sys, threading
+import concurrent.futures as cf
+import concurrent.futures.thread as cf_thread
+import monstack
+monstack.install()
+pool, other = cf.ThreadPoolExecutor(1), cf.ThreadPoolExecutor(1)
+gate = threading.Event()
+pool.submit(gate.wait)
+def job(x):
+    return x
+def other_job(x):
+    return x
+ran = []
+taking = [True]
+class Submits:
+    def __del__(self):
+        # (not inside submit's lock, where CPython's own submit would deadlock)
+        if taking[0] and not cf_thread._global_shutdown_lock.locked():
+            ran.append(1)
+            other.submit(other_job, 0)
+def loop():
+    futures = []
+    for i in range(200):
+        gc.collect()
+        garbage = Submits()
+        garbage.me = garbage  # a cycle: freed by a collection, at some allocation
+        del garbage
+        futures.append(pool.submit(job, i))
+    return futures
+gc.set_threshold(1)
+futures = loop()
+gc.set_threshold(700)
+gate.set()
+print(len(ran) > 0, [f.result() for f in futures] == list(range(200)))
+gc.collect()
+taking[0] = False
+pool.shutdown()
+other.shutdown()
+"""
+
+
+def test_a_finalizer_that_submits_while_the_carrier_is_made(native_new):
+    """Making a carrier allocates, which may run a collection (3.11: on the spot), whose
+    finalizers may submit jobs themselves: the kept carrier is then another one (a
+    crash when the native submit did not look again)."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, PYTHONPATH=root)
+    out = subprocess.run([sys.executable, "-c", _FINALIZER_SUBMITS], capture_output=True, text=True, env=env,
+                         timeout=120)
+    assert out.returncode == 0, (out.returncode, out.stderr[-2000:])
+    assert out.stdout.split() == ["True", "True"], out.stdout

@@ -22,7 +22,8 @@ import textwrap
 import threading
 
 import pytest
-from stackcheck import Mismatch, check, library_module, real_records, shadow_records
+from stackcheck import (Mismatch, assert_one_site_one_snapshot, check, library_module, real_records, shadow_records,
+                        snapshots_at_one_site)
 
 import monstack
 from monstack import _capture, _env, _native, _select, _stack
@@ -1135,6 +1136,27 @@ def test_native_snapshot_is_offered_and_used(snaplib):
     assert_same(captured, python)
     assert shadow_records(native)[:-1] == real[:-1]
     assert shadow_records(native)[-1][2] == "user"
+
+
+@needs_shim
+def test_native_snapshot_again_is_the_same_object_until_its_frame_returns(snaplib):
+    from monstack._snapshot import Snapshot
+
+    cap = monstack.snapshotter()
+    assert_one_site_one_snapshot(cap)
+    freed = []
+    Snapshot.__del__ = lambda self: freed.append(1)
+    try:
+        s = snapshots_at_one_site(cap, [None])[0][0]
+        del s  # its function returned: nothing keeps it
+        assert freed == [1, 1, 1]  # (and the function's two others)
+        s = cap()  # this frame still runs: kept for the next snapshot here
+        del s
+        assert freed == [1, 1, 1]
+        monstack.uninstall()  # (retire) lets go of it
+        assert freed == [1, 1, 1, 1]
+    finally:
+        del Snapshot.__del__
 
 
 @needs_shim
