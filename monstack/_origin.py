@@ -363,7 +363,8 @@ def _set_up_native(blob: Any) -> Callable[..., Any]:
     del probe
     objects = {"var": CURRENT_ORIGIN, "cell_here": running_cell, "cell_key": sys.intern(f"monstack.running_cell.{id(RUNNING):x}"),
                "list": list, "attach": attach_if_absent, "exception": Exception, "none": None,
-               "type_error": TypeError, "attribute_error": AttributeError, "cls": cls, "reused": REUSED}
+               "type_error": TypeError, "attribute_error": AttributeError, "cls": cls, "reused": REUSED,
+               "context_type": Context}
     order = sys.byteorder
     fields = bytearray(size)
     fields[0:8] = _CARRIER_MAGIC.to_bytes(8, order)

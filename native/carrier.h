@@ -48,7 +48,11 @@
     X(int, PyDict_Contains, (PyObject *, PyObject *))                           \
     X(PyObject *, PyLong_FromVoidPtr, (void *))                                 \
     X(PyObject *, PyObject_VectorcallMethod, (PyObject *, PyObject *const *, size_t, PyObject *)) \
-    X(PyObject *, PyObject_Call, (PyObject *, PyObject *, PyObject *))
+    X(PyObject *, PyObject_Call, (PyObject *, PyObject *, PyObject *))          \
+    X(PyThreadState *, PyThreadState_Get, (void))                               \
+    X(PyObject *, PyContext_Copy, (PyObject *))                                 \
+    X(PyObject *, PyContext_CopyCurrent, (void))                                \
+    X(PyObject *, PyObject_GetAttr, (PyObject *, PyObject *))
 
 /* X(field): objects the loader stores (the loader keeps them alive). */
 #define MC_OBJS(X)                                                              \
@@ -62,7 +66,8 @@
     X(type_error)      /* TypeError */                                          \
     X(attribute_error) /* AttributeError */                                     \
     X(cls)             /* monstack._origin.NativeCarrier */                     \
-    X(reused)          /* monstack._origin.REUSED: [a carrier ms_submit made, or None] */
+    X(reused)          /* monstack._origin.REUSED: [a carrier ms_submit made, or None] */ \
+    X(context_type)    /* contextvars.Context */
 
 /* X(field): instance layout, as byte offsets from the object's start (from the loader). */
 #define MC_OFFS(X) X(off_wrapped) X(off_snap) X(off_sent)
@@ -345,6 +350,27 @@ static inline PyObject *nr_holder(PyFunctionObject *self, Py_ssize_t cell, Py_ss
     return holder;
 }
 
+/* The exception set: cleared (1) where it is an Exception; else left set (0: a
+ * KeyboardInterrupt and the like propagate). */
+static int nr_clear_exception(struct mc_ctx *c)
+{
+    PyObject *type = NULL, *value = NULL, *tb = NULL;
+    c->PyErr_Fetch(&type, &value, &tb);
+    c->PyErr_NormalizeException(&type, &value, &tb);
+    if (value == NULL || !c->PyErr_GivenExceptionMatches(value, c->exception)) {
+        c->PyErr_Restore(type, value, tb);
+        return 0;
+    }
+    if (type != NULL) {
+        ms_decref(type);
+    }
+    ms_decref(value);
+    if (tb != NULL) {
+        ms_decref(tb);
+    }
+    return 1;
+}
+
 /* capture(): the snapshot (a new reference); NULL with *dropped set where it raised an
  * Exception (dropped: the work goes on without an origin, as in Python), NULL alone where
  * it raised anything else (KeyboardInterrupt and the like: it propagates). */
@@ -354,21 +380,7 @@ static PyObject *nr_capture(struct mc_ctx *c, PyObject *capture, int *dropped)
     if (snap != NULL) {
         return snap;
     }
-    PyObject *type = NULL, *value = NULL, *tb = NULL;
-    c->PyErr_Fetch(&type, &value, &tb);
-    c->PyErr_NormalizeException(&type, &value, &tb);
-    if (value == NULL || !c->PyErr_GivenExceptionMatches(value, c->exception)) {
-        c->PyErr_Restore(type, value, tb);
-        return NULL;
-    }
-    if (type != NULL) {
-        ms_decref(type);
-    }
-    ms_decref(value);
-    if (tb != NULL) {
-        ms_decref(tb);
-    }
-    *dropped = 1;
+    *dropped = nr_clear_exception(c);
     return NULL;
 }
 
@@ -382,7 +394,28 @@ static PyObject *nr_capture(struct mc_ctx *c, PyObject *capture, int *dropped)
  *
  * The common path: the point on, exactly (loop, coro) positionally, keywords only
  * `name` and `context=None` (by identity with the interned names). Anything else
- * evaluates the replacement's code: `context=` a Context, eager_start=, odd callers. */
+ * evaluates the replacement's code: `context=` a Context, eager_start=, odd callers.
+ *
+ * The task's context. The Python replacement sets the origin in the creator's context
+ * around the creation, so that the task's copy of that context carries it: a Token and
+ * two new HAMTs per task, and each task's context holds its own HAMT, which the
+ * collector then traverses (about two thirds of what a task cost, counted). Where the
+ * blob keeps snapshots (MS_TASK_CONTEXT, the 3.12+ callbacks) and the loop is one whose
+ * create_task is asyncio's own (CT_OWN) with no task factory, the task gets that context
+ * made here instead and passed as `context=`, which asyncio's Task takes as it is rather
+ * than copying the current one (asyncio.tasks.Task must still be asyncio's: a class put
+ * there may not take it): a copy of a template Context whose variables are the
+ * creator's plus the origin. The template is made by the same set, copy and reset, at
+ * the second creation with the same snapshot and the same creator's variables (the
+ * first only notes them, by a weak reference: a creator that sets a variable before
+ * each task never pays for a template it cannot use again), and kept beside the
+ * snapshot cache (sysmon.c, last_ctx) with the variables it was made from: it serves
+ * while the same snapshot is taken and the creator's context still has those very
+ * variables (the same HAMT object, held, so equal by identity: HAMTs never change), and
+ * goes when a creation on this path for that snapshot finds other variables, and when
+ * that snapshot goes (its top frame, the nearest tracked one, returns or suspends;
+ * another snapshot is built; uninstall). Tasks made at one call site then share one
+ * HAMT, as copies of one context do. */
 enum {
     CT_CAPTURE = NR_FIRST, /* the install's native snapshotter (the snapshot of its caller) */
     CT_AFTER,              /* after_create(snap, task, coro): an eager task done, or a done callback */
@@ -396,6 +429,14 @@ enum {
     CT_CONTEXT,            /* "context" (interned) */
     CT_DONE,               /* "done" (interned) */
     CT_TRUE,               /* True */
+    CT_OWN,                /* True: the replaced create_task is asyncio's own (BaseEventLoop's) */
+    CT_FACTORY,            /* "_task_factory" (interned) */
+    CT_KW_CONTEXT,         /* ("context",) */
+    CT_KW_NAME_CONTEXT,    /* ("name", "context") */
+    CT_TASKS,              /* vars(asyncio.tasks) */
+    CT_TASK,               /* "Task" (interned) */
+    CT_TASK_C,             /* asyncio.tasks._CTask (_asyncio.Task), or None */
+    CT_TASK_PY,            /* asyncio.tasks._PyTask */
     CT_SIZE
 };
 #define CT_CELL 0
@@ -403,6 +444,141 @@ enum {
 
 __attribute__((used))
 const int64_t ms_create_task_layout[] = NR_LAYOUT(CT_SIZE, CT_CELL, CT_HOLDER_AT);
+
+#ifndef MS_TASK_CONTEXT
+#define MS_TASK_CONTEXT 0
+#endif
+#if MS_TASK_CONTEXT
+/* Where PyContext keeps its variables (the loader checks it against the collector's view
+ * of a Context: gc.get_referents). */
+__attribute__((used))
+const int64_t ms_task_context_layout[] = {(int64_t)offsetof(PyContext, ctx_vars)};
+
+#define CT_VARS(ctx) ((PyObject *)((PyContext *)(ctx))->ctx_vars)
+
+/* The context for a task `loop` creates with the origin `snap` (see "The task's context"
+ * above): a new Context; or NULL, where the caller sets the origin around the creation
+ * instead, with *note set where it is to note the variables that creation leaves
+ * (ct_note) and *raised where an exception other than an Exception is to propagate. */
+static PyObject *ct_task_context(struct mc_ctx *c, PyObject *holder, PyObject *loop, PyObject *snap, int *note,
+                                 int *raised)
+{
+#define CT(i) (((PyTupleObject *)holder)->ob_item[(i)])
+    if (CT(CT_OWN) != CT(CT_TRUE)) {
+        return NULL;
+    }
+    /* asyncio's create_task passes `context` to asyncio.tasks.Task (read when called):
+     * still one of asyncio's own classes, which take it */
+    PyObject *cls = c->PyDict_GetItemWithError(CT(CT_TASKS), CT(CT_TASK));
+    if (cls == NULL) {
+        c->PyErr_Clear();
+        return NULL;
+    }
+    if (cls != CT(CT_TASK_C) && cls != CT(CT_TASK_PY)) {
+        return NULL;
+    }
+    PyObject *factory = c->PyObject_GetAttr(loop, CT(CT_FACTORY));
+    if (factory == NULL) {
+        *raised = !nr_clear_exception(c);
+        return NULL;
+    }
+    int none = factory == c->none;
+    ms_decref(factory);
+    PyThreadState *ts = c->PyThreadState_Get();
+    PyObject *cur = ts->context;
+    PyObject *pair = NULL, *seen = NULL;
+    if (!none || cur == NULL || Py_TYPE(cur) != (PyTypeObject *)c->context_type ||
+        !ms_task_ctx_get(CT(CT_CAPTURE), snap, &pair, &seen)) {
+        return NULL;
+    }
+    if (pair != NULL && PyTuple_GET_ITEM(pair, 0) == CT_VARS(cur)) {
+        PyObject *ctx = c->PyContext_Copy(PyTuple_GET_ITEM(pair, 1));
+        if (ctx == NULL) {
+            c->PyErr_Clear();
+        }
+        return ctx;
+    }
+    if (CT_VARS(cur) != seen) {
+        *note = 1; /* the first creation here with these variables: no template yet */
+        return NULL;
+    }
+    /* The second: the template, by a set, copy and reset, as around a creation. It is
+     * kept only where nothing changed the creator's variables in between (a collection
+     * may run finalizers): the copy then has exactly those plus the origin, and the
+     * reset leaves exactly those (a new HAMT: the one it is kept with). */
+    PyObject *token = c->PyContextVar_Set(c->var, snap);
+    if (token == NULL) {
+        c->PyErr_Clear();
+        return NULL;
+    }
+    PyObject *with = CT_VARS(cur); /* (the origin set) */
+    Py_INCREF(with);
+    PyObject *tmpl = c->PyContext_CopyCurrent();
+    int same = tmpl != NULL && ts->context == cur && CT_VARS(cur) == with && CT_VARS(tmpl) == with;
+    if (tmpl == NULL) {
+        c->PyErr_Clear();
+    }
+    if (c->PyContextVar_Reset(c->var, token) < 0) {
+        c->PyErr_Clear(); /* (entered another context in between: left as it is) */
+        same = 0;
+    }
+    PyObject *vars = same && ts->context == cur ? CT_VARS(cur) : NULL;
+    PyObject *ctx = NULL;
+    if (vars != NULL) {
+        Py_INCREF(vars);
+        ctx = c->PyContext_Copy(tmpl);
+        if (ctx == NULL) {
+            c->PyErr_Clear();
+        } else {
+            ms_task_ctx_put(CT(CT_CAPTURE), snap, vars, tmpl);
+        }
+    }
+    ms_decref(token);
+    ms_decref(with);
+    if (tmpl != NULL) {
+        ms_decref(tmpl);
+    }
+    if (vars != NULL) {
+        ms_decref(vars);
+    }
+    return ctx;
+#undef CT
+}
+
+/* After a creation that set the origin around it (ct_task_context's *note): the
+ * variables the creator's context has now, noted for `snap`. */
+static void ct_note(struct mc_ctx *c, PyObject *holder, PyObject *snap)
+{
+    PyObject *cur = c->PyThreadState_Get()->context;
+    if (cur != NULL && Py_TYPE(cur) == (PyTypeObject *)c->context_type) {
+        ms_task_ctx_note(((PyTupleObject *)holder)->ob_item[CT_CAPTURE], snap, CT_VARS(cur));
+    }
+}
+
+/* call(loop, coro, <the keywords>, context=ctx): `kwnames` NULL, or only "name" and
+ * "context" (ms_create_task checked), with `args` their values after loop and coro. */
+static PyObject *ct_call_in(struct mc_ctx *c, PyObject *holder, PyObject *const *args, PyObject *kwnames,
+                            PyObject *ctx)
+{
+#define CT(i) (((PyTupleObject *)holder)->ob_item[(i)])
+    PyObject *a[4] = {args[0], args[1], NULL, NULL};
+    Py_ssize_t nkw = kwnames == NULL ? 0 : Py_SIZE(kwnames);
+    PyObject *kw = kwnames;
+    for (Py_ssize_t i = 0; i < nkw; i++) {
+        PyObject *k = ((PyTupleObject *)kwnames)->ob_item[i];
+        a[2 + i] = k == CT(CT_CONTEXT) ? ctx : args[2 + i];
+    }
+    if (nkw == 0) {
+        a[2] = ctx;
+        kw = CT(CT_KW_CONTEXT);
+    } else if (nkw == 1 && ((PyTupleObject *)kwnames)->ob_item[0] == CT(CT_NAME)) {
+        a[3] = ctx;
+        kw = CT(CT_KW_NAME_CONTEXT);
+    }
+    return c->PyObject_Vectorcall(CT(NR_CALL), a, 2, kw);
+#undef CT
+}
+#endif
 
 PyObject *ms_create_task(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
@@ -430,6 +606,9 @@ PyObject *ms_create_task(PyObject *self, PyObject *const *args, size_t nargsf, P
         return python(self, args, nargsf, kwnames);
     }
     if (kwnames != NULL) {
+        if (Py_SIZE(kwnames) > 2) {
+            return python(self, args, nargsf, kwnames);
+        }
         for (Py_ssize_t i = 0; i < Py_SIZE(kwnames); i++) {
             PyObject *k = ((PyTupleObject *)kwnames)->ob_item[i];
             if (k != CT(CT_NAME) && (k != CT(CT_CONTEXT) || args[nargs + i] != c->none)) {
@@ -468,6 +647,21 @@ PyObject *ms_create_task(PyObject *self, PyObject *const *args, size_t nargsf, P
         return c->PyObject_Vectorcall(call, args, nargsf, kwnames);
     }
 
+    PyObject *task;
+#if MS_TASK_CONTEXT
+    /* a context made for the task, carrying the origin */
+    int note = 0, raised = 0;
+    PyObject *tctx = ct_task_context(c, holder, loop, snap, &note, &raised);
+    if (tctx != NULL) {
+        task = ct_call_in(c, holder, args, kwnames, tctx);
+        ms_decref(tctx);
+        goto made;
+    }
+    if (raised) {
+        ms_decref(snap);
+        return NULL;
+    }
+#endif
     /* the origin is current while the task copies the context */
     PyObject *token = c->PyContextVar_Set(c->var, snap);
     if (token == NULL) {
@@ -475,16 +669,24 @@ PyObject *ms_create_task(PyObject *self, PyObject *const *args, size_t nargsf, P
         ms_decref(snap);
         return c->PyObject_Vectorcall(call, args, nargsf, kwnames);
     }
-    PyObject *task = c->PyObject_Vectorcall(call, args, nargsf, kwnames);
+    task = c->PyObject_Vectorcall(call, args, nargsf, kwnames);
     {
         PyObject *type = NULL, *value = NULL, *tb = NULL;
         c->PyErr_Fetch(&type, &value, &tb);
         if (c->PyContextVar_Reset(c->var, token) < 0) {
             c->PyErr_Clear(); /* entered another context in between: leave it be */
         }
+#if MS_TASK_CONTEXT
+        else if (note) {
+            ct_note(c, holder, snap);
+        }
+#endif
         ms_decref(token);
         c->PyErr_Restore(type, value, tb);
     }
+#if MS_TASK_CONTEXT
+made:
+#endif
     if (task == NULL) {
         ms_decref(snap);
         return NULL;

@@ -36,6 +36,7 @@
 #include <Python.h>
 #include <internal/pycore_frame.h>
 #include <internal/pycore_gc.h>
+#include <internal/pycore_context.h> /* (PyContext.ctx_vars: carrier.h's create_task) */
 #include <stddef.h>
 #include <stdint.h>
 #include "compat.h" /* the version facts (MS_HAS_...) and accessors; the 3.14+ headers */
@@ -82,6 +83,7 @@
     X(void, PyObject_Free, (void *))                                            \
     X(PyVarObject *, PyObject_InitVar, (PyVarObject *, PyTypeObject *, Py_ssize_t)) \
     X(PyObject *, PyErr_NoMemory, (void))                                       \
+    X(PyObject *, PyWeakref_NewRef, (PyObject *, PyObject *))                   \
     X(int, PyObject_CallFinalizerFromDealloc, (PyObject *))                     \
     MS_FUNCS_VERSIONED(X)
 #if MS_HAS_REFTRACER
@@ -101,6 +103,7 @@
     X(dict_type, PyDict_Type)                                                   \
     X(code_type, PyCode_Type)                                                   \
     X(capsule_type, PyCapsule_Type)                                             \
+    X(cfunction_type, PyCFunction_Type)                                         \
     X(type_type, PyType_Type)
 
 /* X(field, symbol): values of C-API pointer variables (*symbol). */
@@ -315,6 +318,11 @@ struct ms_state {
      * its top node is popped, at retire and when the state is freed */
     PyObject *last_snap;
     long last_lasti;
+    /* What carrier.h's create_task keeps for last_snap, let go of with it (strong; or
+     * NULL): the pair (the creator's context variables, a Context with those and the
+     * origin) as a tuple, or a weak reference to the variables a creation left that made
+     * no pair */
+    PyObject *last_ctx;
     int untrack_nodes;    /* code objects are not GC containers (always so in 3.12/3.13) */
     /* Nodes popped while nothing else referenced them, kept for the next pushes
      * instead of being freed (a return cascade pops several in a row): 3-tuples,
@@ -423,15 +431,31 @@ static inline PyObject *ms_take_last_snap(struct ms_state *st, PyObject *node)
     return last;
 }
 
+/* The pair create_task made for the last snapshot (see last_ctx), taken out: a
+ * reference for the caller to drop once nothing of ours is stale; or NULL. */
+static inline PyObject *ms_take_last_ctx(struct ms_state *st)
+{
+    PyObject *pair = st->last_ctx;
+    st->last_ctx = NULL;
+    return pair;
+}
+
 /* `node` is popped (its frame is gone): the kept snapshot of it cannot recur. Let go of
  * it where that frees nothing (something else holds it too); else hand it to the
- * caller through `drop` to drop last, or, with no `drop`, keep it (the next snapshot
- * built replaces it). 0, or -1: it would be freed and `drop` is NULL. */
+ * caller through `drop` (two slots: the snapshot, create_task's pair) to drop last,
+ * or, with no `drop`, keep it (the next snapshot built replaces it). 0, or -1: it (or
+ * the pair, which is let go of with it) would be freed and `drop` is NULL. */
 static inline int ms_snap_popped(struct ms_state *st, PyObject *node, PyObject **drop)
 {
     PyObject *last = st->last_snap;
     if (LIKELY(last == NULL || PyTuple_GET_ITEM(last, 0) != node)) {
         return 0;
+    }
+    if (st->last_ctx != NULL) {
+        if (drop == NULL) {
+            return -1; /* (dropping the pair may free contexts: to the full path) */
+        }
+        drop[1] = ms_take_last_ctx(st);
     }
     if (Py_REFCNT(last) > 1) {
         st->last_snap = NULL;
@@ -455,6 +479,7 @@ static void ms_state_free(PyObject *capsule)
     }
     ms_cache_drop(st);
     ms_xdecref(ms_take_last_snap(st, NULL));
+    ms_xdecref(ms_take_last_ctx(st));
     ms_xdecref(st->tls);
     ms_xdecref(st->by_file);
     ms_xdecref(st->decide);
@@ -1229,8 +1254,8 @@ __attribute__((always_inline)) static inline PyObject *ms_leave(PyObject *self, 
     int is_none = 0;
     PyObject *cell = ms_cell(st, ts, &is_none);
     if (LIKELY(cell != NULL)) {
-        PyObject *drop = NULL;
-        if (LIKELY(ms_pop(st, cell, code, &drop))) {
+        PyObject *drop[2] = {NULL, NULL};
+        if (LIKELY(ms_pop(st, cell, code, drop))) {
             if (is_yield) {
                 PyObject *below = ((PyListObject *)cell)->ob_item[0];
                 if (below != NONE && IS_TYPE(below, tuple_type) && Py_SIZE(below) == 3 &&
@@ -1238,7 +1263,8 @@ __attribute__((always_inline)) static inline PyObject *ms_leave(PyObject *self, 
                     ms_drop_linked(st, ts, cell);
                 }
             }
-            ms_xdecref(drop); /* last: it may run Python code (self is held: so is st) */
+            ms_xdecref(drop[0]); /* last: it may run Python code (self is held: so is st) */
+            ms_xdecref(drop[1]);
             Py_INCREF(NONE);
             return NONE;
         }
@@ -1597,6 +1623,7 @@ PyObject *ms_snapshot_setup(PyObject *self, PyObject *const *args, Py_ssize_t na
     if (args[0] == NONE) {
         /* retire: capture() keeps working through st->slow (kept), the rest declines */
         PyObject *old_snap = ms_take_last_snap(st, NULL); /* (it holds this install's nodes) */
+        PyObject *old_ctx = ms_take_last_ctx(st);
         st->snap_cls = NULL;
         st->origin_var = NULL;
         st->shorten = NULL;
@@ -1605,6 +1632,7 @@ PyObject *ms_snapshot_setup(PyObject *self, PyObject *const *args, Py_ssize_t na
         ms_xdecref(old_var);
         ms_xdecref(old_shorten);
         ms_xdecref(old_snap);
+        ms_xdecref(old_ctx);
         Py_INCREF(NONE);
         return NONE;
     }
@@ -1627,6 +1655,7 @@ PyObject *ms_snapshot_setup(PyObject *self, PyObject *const *args, Py_ssize_t na
     Py_INCREF(args[2]);
     Py_INCREF(args[4]);
     PyObject *old_snap = ms_take_last_snap(st, NULL); /* (made for the old class, var, chain limit) */
+    PyObject *old_ctx = ms_take_last_ctx(st);
     st->snap_cls = args[0];
     st->origin_var = args[1];
     st->slow = args[2];
@@ -1657,6 +1686,7 @@ PyObject *ms_snapshot_setup(PyObject *self, PyObject *const *args, Py_ssize_t na
     ms_xdecref(old_slow);
     ms_xdecref(old_shorten);
     ms_xdecref(old_snap);
+    ms_xdecref(old_ctx);
     Py_INCREF(NONE);
     return NONE;
 }
@@ -1779,9 +1809,11 @@ static PyObject *ms_build_snapshot(struct ms_state *st, int from_caller)
     }
     Py_INCREF(snap);
     last = st->last_snap;
+    PyObject *last_ctx = ms_take_last_ctx(st);
     st->last_snap = snap;
     st->last_lasti = lasti;
     ms_xdecref(last); /* (last: may run Python code, the cache is consistent) */
+    ms_xdecref(last_ctx);
     return snap;
 none:
     Py_INCREF(NONE);
@@ -2035,6 +2067,92 @@ PyObject *ms_probe(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 }
 
 /* ---------------------------------------------------------------- the origin carrier */
+/* carrier.h's create_task keeps what it made for a snapshot beside the snapshot cache
+ * (last_ctx): valid while that snapshot is the kept one, let go of with it. */
+#define MS_TASK_CONTEXT 1
+
+/* The state behind `capture` (ms_capture's function, as the install handed it to the
+ * asyncio point) if `snap` is the snapshot it keeps; else NULL. */
+static struct ms_state *ms_task_ctx_state(PyObject *capture, PyObject *snap)
+{
+    if (!IS_TYPE(capture, cfunction_type)) {
+        return NULL;
+    }
+    PyCFunctionObject *f = (PyCFunctionObject *)capture;
+    if (f->m_ml == NULL || f->m_ml->ml_meth != (PyCFunction)(void (*)(void))ms_capture) {
+        return NULL;
+    }
+    struct ms_state *st = ms_state_of(f->m_self);
+    return st != NULL && snap != NULL && st->last_snap == snap ? st : NULL;
+}
+
+/* What is kept for `snap`: 1 with the pair (borrowed, or NULL) and the variables a
+ * creation left that made no pair (borrowed: only to compare; or NULL); 0 where `snap`
+ * is not the kept snapshot. */
+static int ms_task_ctx_get(PyObject *capture, PyObject *snap, PyObject **pair, PyObject **seen)
+{
+    struct ms_state *st = ms_task_ctx_state(capture, snap);
+    if (st == NULL) {
+        return 0;
+    }
+    PyObject *kept = st->last_ctx;
+    *pair = NULL;
+    *seen = NULL;
+    if (kept != NULL && IS_TYPE(kept, tuple_type)) {
+        *pair = kept;
+    } else if (kept != NULL) {
+        *seen = ((PyWeakReference *)kept)->wr_object; /* (None once they are gone) */
+    }
+    return 1;
+}
+
+/* Keep `kept` (a new reference, or NULL: stolen) for `snap` if it is still the kept
+ * snapshot, in place of what was kept (let go of last: that may run Python code). */
+static void ms_task_ctx_keep(PyObject *capture, PyObject *snap, PyObject *kept)
+{
+    struct ms_state *st = ms_task_ctx_state(capture, snap); /* (a collection may have run since) */
+    if (st == NULL) {
+        ms_xdecref(kept);
+        return;
+    }
+    PyObject *old = st->last_ctx;
+    st->last_ctx = kept;
+    ms_xdecref(old);
+}
+
+/* A creation for `snap` made no pair and left the creator's variables `vars`: noted (a
+ * weak reference: an address alone could be another HAMT's by the next creation), in
+ * place of what was kept. */
+static void ms_task_ctx_note(PyObject *capture, PyObject *snap, PyObject *vars)
+{
+    if (ms_task_ctx_state(capture, snap) == NULL) {
+        return;
+    }
+    PyObject *ref = API.PyWeakref_NewRef(vars, NULL);
+    if (ref == NULL) {
+        API.PyErr_Clear();
+    }
+    ms_task_ctx_keep(capture, snap, ref);
+}
+
+/* Keep the pair (vars, ctx) for `snap`. */
+static void ms_task_ctx_put(PyObject *capture, PyObject *snap, PyObject *vars, PyObject *ctx)
+{
+    if (ms_task_ctx_state(capture, snap) == NULL) {
+        return;
+    }
+    PyObject *pair = API.PyTuple_New(2);
+    if (pair == NULL) {
+        API.PyErr_Clear();
+        return;
+    }
+    Py_INCREF(vars);
+    Py_INCREF(ctx);
+    PyTuple_SET_ITEM(pair, 0, vars);
+    PyTuple_SET_ITEM(pair, 1, ctx);
+    ms_task_ctx_keep(capture, snap, pair);
+}
+
 #include "carrier.h" /* (after ms_decref) */
 
 #pragma GCC visibility pop

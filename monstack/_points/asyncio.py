@@ -4,9 +4,11 @@
 
 from __future__ import annotations
 
+import gc
 import sys
 import types
 import weakref
+from _contextvars import Context
 
 from . import ON, capture_snapshot, binder, drop_own_entry, patch, take
 from .. import _capture, _threads
@@ -33,7 +35,8 @@ def _make_create_task(original: Callable[..., Any]) -> Callable[..., Any]:
     exits, coroutine_type = EXITS_REPORTED, types.CoroutineType
 
     # The hot path of every task where no native code runs (where it runs, the native
-    # create_task does the same in C and evaluates this code off its common path): no
+    # create_task does the same in C, or passes the task a context it made that carries
+    # the origin, and evaluates this code off its common path: docs/native.md): no
     # helper calls beyond the snapshot and the context variable's set/reset around the
     # creation (the task copies the current context); everything else is bound here,
     # once. Where the backend reports coroutine exits, a failed task's exception gets its
@@ -86,9 +89,41 @@ def _native_create_task(create_task: Callable[..., Any], call: Callable[..., Any
     capture = getattr(backend, "capture_native", None)
     if capture is None:
         return False
+    import asyncio.tasks
+
+    blob = getattr(backend, "native_blob", None)
+    name, context = sys.intern("name"), sys.intern("context")
     items = (call, capture, _after_create, EXITS_REPORTED, types.CoroutineType, _LOOPS, _note_loop,
-             ON, sys.intern("asyncio_tasks"), sys.intern("name"), sys.intern("context"), sys.intern("done"), True)
-    return native_vectorcall(getattr(backend, "native_blob", None), "ms_create_task", create_task, "_native", items)
+             ON, sys.intern("asyncio_tasks"), name, context, sys.intern("done"), True,
+             _is_asyncios(call) and _contexts_laid_out(blob), sys.intern("_task_factory"), (context,), (name, context),
+             vars(asyncio.tasks), sys.intern("Task"), getattr(asyncio.tasks, "_CTask", None), getattr(asyncio.tasks, "_PyTask", None))
+    return native_vectorcall(blob, "ms_create_task", create_task, "_native", items)
+
+
+def _is_asyncios(original: Any) -> bool:
+    """``original`` is asyncio's own ``BaseEventLoop.create_task`` (not a wrapper another
+    library put there first): the one the native create_task may pass ``context=`` to."""
+    import asyncio.base_events
+
+    code = getattr(original, "__code__", None)
+    return (type(original) is types.FunctionType and code is not None
+            and getattr(original, "__globals__", None) is vars(asyncio.base_events)
+            and code.co_name == "create_task")
+
+
+def _contexts_laid_out(blob: Any) -> bool:
+    """The blob makes tasks' contexts (``native/carrier.h``, "The task's context") and
+    reads a Context's variables where this interpreter keeps them: the word at the offset
+    it was compiled with is the object the collector finds a new Context referring to."""
+    try:
+        from .. import _cdata as C
+
+        off = C.c_int64.from_address(blob.addr("ms_task_context_layout")).value
+        ctx = Context()
+        refs = gc.get_referents(ctx)
+        return len(refs) == 1 and C.c_void_p.from_address(id(ctx) + off).value == id(refs[0])
+    except Exception:
+        return False
 
 
 def _after_create(snap: Any, task: Any, coro: Any) -> None:

@@ -408,16 +408,8 @@ def test_the_set_up_refuses_a_blob_without_the_carrier():
 
 @pytest.fixture
 def loop_installed():
-    import asyncio
-
-    monstack.uninstall()
-    monstack.install()
-    loop = asyncio.new_event_loop()
-    try:
+    with loop_installed_here() as loop:  # (installed from the fixture's frame)
         yield loop
-    finally:
-        loop.close()
-        monstack.uninstall()
 
 
 def installed_create_task():
@@ -608,6 +600,370 @@ def test_after_uninstall_a_kept_replacement_calls_through(loop_installed):
         return await replacement.__get__(loop_installed)(origin_inside())
 
     assert loop_installed.run_until_complete(main()) is None
+
+
+
+# -- the task's context -------------------------------------------------------------------
+
+VAR = contextvars.ContextVar("test_carrier_var")
+
+
+async def seen_inside():
+    """What the task's own context holds: the origin and VAR."""
+    return monstack.current_origin(), VAR.get(None)
+
+
+def context_made_here() -> bool:
+    """The native create_task makes tasks' contexts (carrier.h, "The task's context")."""
+    return sys.version_info >= (3, 12) and native_expected()
+
+
+def variables_of(task):
+    """The HAMT of the task's context (the one object a Context refers to)."""
+    (vars_,) = gc.get_referents(task.get_context())
+    return vars_
+
+
+def test_tasks_at_one_site_share_the_context_variables_made_for_them(loop_installed):
+    async def main():
+        VAR.set("creator")
+        before = contextvars.copy_context()
+        tasks = [loop_installed.create_task(seen_inside()) for _ in range(3)]  # @shared_site
+        after = contextvars.copy_context()
+        return tasks, before, after, await asyncio_gather(*tasks)
+
+    tasks, before, after, seen = loop_installed.run_until_complete(main())
+    assert [innermost_line(o) for o, _ in seen] == [line_of("@shared_site")] * 3
+    assert [v for _, v in seen] == ["creator"] * 3
+    assert dict(after) == dict(before)  # the creator's context as it was (its own origin too)
+    if context_made_here():
+        assert len({id(o) for o, _ in seen}) == 1  # one snapshot
+        assert len({id(t.get_context()) for t in tasks}) == 3  # a Context each
+        # the first task's context is a copy of the creator's, the origin set around its
+        # creation; from the second on, copies of one template
+        assert len({id(variables_of(t)) for t in tasks[1:]}) == 1, "the tasks' contexts share one HAMT"
+
+
+def test_a_task_sees_the_creator_variables_of_its_own_creation(loop_installed):
+    async def main():
+        tasks = []
+        for i in range(3):
+            VAR.set(i)
+            tasks.append(loop_installed.create_task(seen_inside()))  # @changing_vars
+        return await asyncio_gather(*tasks)
+
+    seen = loop_installed.run_until_complete(main())
+    assert [v for _, v in seen] == [0, 1, 2]
+    assert {innermost_line(o) for o, _ in seen} == {line_of("@changing_vars")}
+
+
+@pytest.mark.parametrize("kwargs", [{"name": "n"}, {"name": "n", "context": None}, {"context": None},
+                                    {"context": None, "name": "n"}])
+def test_the_keywords_reach_create_task(loop_installed, kwargs):
+    async def main():
+        tasks = [loop_installed.create_task(seen_inside(), **kwargs) for _ in range(3)]  # @keywords
+        return tasks, await asyncio_gather(*tasks)
+
+    tasks, seen = loop_installed.run_until_complete(main())
+    assert [innermost_line(o) for o, _ in seen] == [line_of("@keywords")] * 3
+    if "name" in kwargs:
+        assert [t.get_name() for t in tasks] == ["n"] * 3
+    if context_made_here():
+        assert len({id(variables_of(t)) for t in tasks[1:]}) == 1
+
+
+def test_a_task_factory_is_called_as_without_monstack(loop_installed):
+    made = []
+
+    def factory(loop, coro):  # (no context parameter: create_task passes none)
+        import asyncio
+
+        made.append(coro)
+        return asyncio.Task(coro, loop=loop)
+
+    loop_installed.set_task_factory(factory)
+
+    async def main():
+        return await loop_installed.create_task(seen_inside())  # @with_factory
+
+    origin, _ = loop_installed.run_until_complete(main())
+    assert len(made) == 2  # main's task and the one made inside
+    assert innermost_line(origin) == line_of("@with_factory")
+
+
+def test_a_create_task_wrapped_before_install_gets_no_context_keyword():
+    """Another tool wrapped create_task first, with no ``context`` parameter: it is called
+    exactly as without monstack."""
+    import asyncio
+    import asyncio.base_events
+
+    cls = asyncio.base_events.BaseEventLoop
+    original = cls.__dict__["create_task"]
+    calls = []
+
+    def create_task(self, coro, name=None):
+        calls.append(name)
+        return original(self, coro, name=name)
+
+    monstack.uninstall()
+    cls.create_task = create_task
+    try:
+        monstack.install()
+        loop = asyncio.new_event_loop()
+        try:
+            async def main():
+                return await loop.create_task(seen_inside(), name="w")  # @wrapped_first
+
+            origin, _ = loop.run_until_complete(main())
+        finally:
+            loop.close()
+            monstack.uninstall()
+    finally:
+        cls.create_task = original
+    assert "w" in calls
+    assert innermost_line(origin) == line_of("@wrapped_first")
+
+
+def test_the_creator_variables_are_let_go_when_the_creator_returns(loop_installed):
+    """What is kept to make the next task's context (the creator's variables) goes when the
+    function that created the tasks returns: it keeps no value of that context alive."""
+    import weakref
+
+    class Value:
+        pass
+
+    async def creator():
+        value = Value()
+        VAR.set(value)
+        tasks = [loop_installed.create_task(seen_inside()) for _ in range(2)]
+        await asyncio_gather(*tasks)
+        return weakref.ref(value)
+
+    async def main():
+        return await loop_installed.create_task(creator())
+
+    ref = loop_installed.run_until_complete(main())
+    assert ref() is None, gc.get_referrers(ref())
+
+
+def test_a_task_class_put_in_asyncio_gets_what_it_got_without_monstack():
+    import asyncio
+    import asyncio.tasks
+
+    got = []
+
+    class Task(asyncio.tasks._PyTask):
+        def __init__(self, coro, **kwargs):
+            got.append(sorted(kwargs))
+            super().__init__(coro, **kwargs)
+
+    def run():
+        loop = asyncio.new_event_loop()
+        try:
+            async def main():
+                tasks = [loop.create_task(seen_inside()) for _ in range(3)]
+                return [await t for t in tasks]
+
+            return loop.run_until_complete(main())
+        finally:
+            loop.close()
+
+    monstack.uninstall()
+    original = asyncio.tasks.Task
+    asyncio.tasks.Task = Task
+    try:
+        run()
+        without = got[:]
+        del got[:]
+        monstack.install()
+        seen = run()
+    finally:
+        asyncio.tasks.Task = original
+        monstack.uninstall()
+    assert got == without
+    assert all(o is not None for o, _ in seen)
+
+
+def test_a_base_exception_reading_the_task_factory_propagates(loop_installed):
+    import asyncio
+
+    class Loop(asyncio.SelectorEventLoop):
+        stop = False
+
+        @property
+        def _task_factory(self):
+            if self.stop:  # (the first read only: the one that raises is not read again)
+                self.stop = False
+                raise Stop()
+            return None
+
+        @_task_factory.setter
+        def _task_factory(self, value):
+            pass
+
+    loop = Loop()
+    coro = seen_inside()
+    try:
+        loop.stop = True
+        with pytest.raises(Stop):
+            loop.create_task(coro)
+    finally:
+        coro.close()
+        loop.stop = False
+        loop.close()
+
+
+def test_a_variable_set_for_one_task_is_not_kept():
+    """A creator that sets a variable for each task it creates and resets it after: nothing
+    of that context outlives the task, while the creator still runs."""
+    import asyncio
+    import weakref
+
+    class Value:
+        pass
+
+    def creator():
+        value = Value()
+        ref = weakref.ref(value)
+        token = VAR.set(value)
+        task = loop.create_task(seen_inside())
+        VAR.reset(token)
+        _, seen = loop.run_until_complete(task)
+        assert seen is value
+        del task, value, seen
+        assert ref() is None
+
+    with loop_installed_here() as loop:
+        contextvars.copy_context().run(creator)
+
+
+@contextlib.contextmanager
+def loop_installed_here():
+    """monstack installed and a new loop, from the test's own frame: unlike an install by a
+    fixture, the frames below the test are then on the stack at install, their call sites
+    known, so the snapshots of functions the test calls are the native ones, kept (which
+    the task's context is made for)."""
+    import asyncio
+
+    monstack.uninstall()
+    monstack.install()
+    loop = asyncio.new_event_loop()
+    try:
+        yield loop
+    finally:
+        loop.close()
+        monstack.uninstall()
+
+
+def test_tasks_after_the_creator_changes_its_variables_see_the_new_ones():
+    def creator(loop):
+        VAR.set("a")
+        tasks = [loop.create_task(seen_inside()) for _ in range(3)]
+        VAR.set("b")
+        tasks += [loop.create_task(seen_inside()) for _ in range(3)]
+        import asyncio
+
+        return tasks, loop.run_until_complete(asyncio.gather(*tasks))
+
+    with loop_installed_here() as loop:
+        tasks, seen = contextvars.copy_context().run(creator, loop)
+    assert [v for _, v in seen] == ["a"] * 3 + ["b"] * 3
+    assert all(o is not None for o, _ in seen)
+    if context_made_here():
+        hamts = [id(variables_of(t)) for t in tasks]
+        assert hamts[1] == hamts[2] and hamts[4] == hamts[5] and hamts[2] != hamts[5]  # two templates
+
+
+def test_variables_set_for_each_task_are_not_kept():
+    """The same, in a loop (the creator's variables, made anew for each task, may come at
+    an address where the last ones were: no template is made for them)."""
+    import weakref
+
+    class Value:
+        pass
+
+    def creator(loop):
+        refs = []
+        for _ in range(50):
+            value = Value()
+            refs.append(weakref.ref(value))
+            token = VAR.set(value)
+            task = loop.create_task(seen_inside())
+            VAR.reset(token)
+            loop.run_until_complete(task)
+            del task, value
+        return [r for r in refs if r() is not None]
+
+    with loop_installed_here() as loop:
+        assert contextvars.copy_context().run(creator, loop) == []
+
+
+def test_the_creator_variables_are_let_go_when_a_plain_creator_returns():
+    import weakref
+
+    class Value:
+        pass
+
+    def creator(loop, refs):
+        value = Value()
+        refs.append(weakref.ref(value))
+        token = VAR.set(value)
+        tasks = [loop.create_task(seen_inside()) for _ in range(3)]
+        VAR.reset(token)
+        import asyncio
+
+        loop.run_until_complete(asyncio.gather(*tasks))
+        shared = context_made_here() and variables_of(tasks[1]) is variables_of(tasks[2])
+        del tasks, value
+        if shared:
+            assert refs[0]() is not None  # (the template's variables hold it)
+        return shared
+
+    refs: list = []
+    with loop_installed_here() as loop:
+        shared = creator(loop, refs)  # (returns: its kept snapshot, and the template, go)
+        assert refs[0]() is None
+    assert shared == context_made_here()
+
+
+def test_uninstall_lets_go_of_the_creator_variables():
+    import asyncio
+    import weakref
+
+    class Value:
+        pass
+
+    monstack.uninstall()
+    monstack.install()
+    loop = asyncio.new_event_loop()
+    refs = []
+
+    def creator():
+        value = Value()
+        refs.append(weakref.ref(value))
+        VAR.set(value)
+        tasks = [loop.create_task(seen_inside()) for _ in range(2)]
+        loop.run_until_complete(asyncio.gather(*tasks))
+        del tasks, value
+        VAR.set(None)  # (the creator's context no longer holds it)
+        kept = monstack.snapshotter()  # (keeps the native state alive past uninstall)
+        if context_made_here():
+            assert refs[0]() is not None  # (what makes the next task's context holds it)
+        monstack.uninstall()  # (while this frame, whose snapshot is kept, still runs)
+        assert refs[0]() is None
+        del kept
+
+    try:
+        contextvars.copy_context().run(creator)
+    finally:
+        loop.close()
+        monstack.uninstall()
+
+
+def asyncio_gather(*tasks):
+    import asyncio
+
+    return asyncio.gather(*tasks)
 
 
 # -- the native submit --------------------------------------------------------------------
